@@ -1,0 +1,1 @@
+"""The ``layerbank`` subcommands, one module each (``register(subparsers)``)."""

@@ -1,0 +1,154 @@
+"""Reading texts (and labels) from the files users have: .txt, .jsonl, .csv, .tsv.
+
+- ``.txt``: one text per line.
+- ``.jsonl``: one JSON object per line; ``--text-column`` names the field.
+- ``.csv``: RFC 4180 with a header row.
+- ``.tsv``: a header row, fields split on tabs, no quoting (as GLUE and the
+  files in shared/data are published: quotes are part of the text).
+  A TSV without a header (AG News) is read with ``--no-header``; columns are
+  then named ``0``, ``1``, ...
+
+Empty or whitespace-only texts are skipped, counted and reported by line, not
+encoded. A file that is not UTF-8 is an error naming the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["InputError", "TextTable", "read_texts", "parse_texts", "FORMATS"]
+
+FORMATS = ("txt", "jsonl", "csv", "tsv")
+
+
+class InputError(ValueError):
+    """A file or upload that cannot be read as texts; the message says where."""
+
+
+@dataclass
+class TextTable:
+    texts: list[str]
+    labels: list[Any] | None
+    lines: list[int]  # 1-based line of each kept text, for messages
+    skipped_empty: list[int] = field(default_factory=list)  # lines of skipped texts
+    columns: list[str] = field(default_factory=list)
+
+
+def _decode_lines(data: bytes) -> list[str]:
+    lines = data.split(b"\n")
+    out = []
+    for i, raw in enumerate(lines, start=1):
+        try:
+            out.append(raw.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise InputError(f"line {i} is not valid UTF-8 (byte {e.start + 1}): "
+                             "convert the file to UTF-8") from None
+    if out and out[-1] == "":
+        out.pop()
+    if out and out[0].startswith("\ufeff"):
+        out[0] = out[0][1:]
+    return out
+
+
+def _column(columns: list[str], name: str | None, what: str, default_first: bool) -> int | None:
+    if name is None:
+        if default_first:
+            for guess in ("text", "sentence", "0"):
+                if guess in columns:
+                    return columns.index(guess)
+            raise InputError(f"say which column holds the {what}: --text-column one of {columns}")
+        return None
+    if name not in columns:
+        raise InputError(f"no {what} column {name!r}; the columns are {columns}")
+    return columns.index(name)
+
+
+def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
+                label_column: str | None = None, header: bool = True) -> TextTable:
+    """Parse an uploaded or read file's bytes in format ``fmt``."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    lines = _decode_lines(data)
+    rows: list[tuple[int, str, Any]] = []
+    columns: list[str] = []
+    if fmt == "txt":
+        if label_column is not None:
+            raise InputError("a .txt file has no columns; use .tsv, .csv or .jsonl for labels")
+        rows = [(i, line, None) for i, line in enumerate(lines, start=1)]
+    elif fmt == "jsonl":
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"line {i} is not valid JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"line {i}: expected a JSON object, got {type(obj).__name__}")
+            if not columns:
+                columns = list(obj)
+            tcol = text_column or next((c for c in ("text", "sentence") if c in obj), None)
+            if tcol is None or tcol not in obj:
+                raise InputError(f"line {i}: no text field {tcol or 'text'!r}; fields are {list(obj)}")
+            if label_column is not None and label_column not in obj:
+                raise InputError(f"line {i}: no label field {label_column!r}; fields are {list(obj)}")
+            text = obj[tcol]
+            if not isinstance(text, str):
+                raise InputError(f"line {i}: field {tcol!r} must be a string")
+            rows.append((i, text, obj.get(label_column) if label_column else None))
+    else:
+        if fmt == "csv":
+            reader = csv.reader(io.StringIO("\n".join(lines)))
+            table = [(r, i) for i, r in enumerate(reader, start=1)]
+        else:
+            table = [(line.split("\t"), i) for i, line in enumerate(lines, start=1)]
+        if not table:
+            raise InputError("the file is empty")
+        if header:
+            columns = table[0][0]
+            table = table[1:]
+        else:
+            columns = [str(i) for i in range(len(table[0][0]))]
+        tc = _column(columns, text_column, "text", default_first=True)
+        lc = _column(columns, label_column, "label", default_first=False)
+        assert tc is not None
+        for cells, i in table:
+            if len(cells) == 1 and not cells[0].strip():
+                rows.append((i, "", None))
+                continue
+            if len(cells) != len(columns):
+                raise InputError(f"line {i} has {len(cells)} fields, the header has {len(columns)}")
+            rows.append((i, cells[tc], cells[lc] if lc is not None else None))
+    kept = [(i, t, lab) for i, t, lab in rows if t.strip()]
+    skipped = [i for i, t, _ in rows if not t.strip()]
+    if not kept:
+        raise InputError("no non-empty texts in the input")
+    labels = [lab for _, _, lab in kept] if label_column is not None else None
+    return TextTable([t for _, t, _ in kept], labels, [i for i, _, _ in kept], skipped, columns)
+
+
+def read_texts(path: str | Path, *, text_column: str | None = None,
+               label_column: str | None = None, header: bool = True,
+               fmt: str | None = None) -> TextTable:
+    """Read a file of texts; the format comes from the suffix unless given."""
+    p = Path(path)
+    fmt = fmt or p.suffix.lstrip(".").lower()
+    if fmt not in FORMATS:
+        raise InputError(f"{p}: cannot tell the format from {p.suffix!r}; use one of "
+                         f"{', '.join('.' + f for f in FORMATS)} or --format")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"no such file: {p}") from None
+    except IsADirectoryError:
+        raise InputError(f"{p} is a directory, not a file") from None
+    try:
+        return parse_texts(data, fmt, text_column=text_column, label_column=label_column,
+                           header=header)
+    except InputError as e:
+        raise InputError(f"{p}: {e}") from None

@@ -1,0 +1,88 @@
+"""Settings: one validated object, read from ``LAYERBANK_*`` environment
+variables; every command-line flag overrides its twin.
+
+Nothing else in layerbank reads ``os.environ``. The API gets settings through
+``get_settings()`` (cached, overridable in tests); workers receive them in
+their constructor.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings", "DEFAULT_DATA_DIR"]
+
+DEFAULT_DATA_DIR = Path("layerbank-data")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LAYERBANK_", extra="ignore")
+
+    # where everything lives
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="catalog, shards, heads (relative to cwd)")
+
+    # the encoder and what changes the stored numbers
+    model: str | None = Field(None, description="model name or path; empty = embedded all-MiniLM-L6-v2")
+    allowed_models: Annotated[list[str], NoDecode] = Field(default_factory=list,
+                                      description="models a request may name besides the default")
+    device: str = "auto"
+    precision: Literal["default", "auto", "fp32", "bf16", "fp16"] = "default"
+    max_length: int | None = Field(None, ge=2)
+    storage_dtype: Literal["float16", "float32"] = "float16"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
+
+    # batching
+    max_tokens_per_batch: int = Field(16384, ge=64)
+    part_size: int = Field(2048, ge=1, description="texts per shard")
+    batch_window_ms: float = Field(5.0, ge=0, le=1000)
+
+    # the HTTP service
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None
+    insecure: bool = False
+    default_view: str = "layer:-2"
+    default_pooling: Literal["mean", "cls", "max"] = "mean"
+    max_texts_per_request: int = Field(2048, ge=1)
+    max_chars_per_text: int = Field(100_000, ge=1)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_queue_depth: int = Field(64, ge=1, description="extraction requests waiting at once")
+    max_dataset_texts: int = Field(1_000_000, ge=1)
+    probe_processes: int = Field(1, ge=1)
+
+    # jobs
+    backend: Literal["embedded", "ray"] = "embedded"
+    ray_address: str | None = None
+    ray_actors: int = Field(1, ge=1)
+    lease_seconds: float = Field(30.0, gt=0)
+    heartbeat_seconds: float = Field(5.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+
+    log_level: str = "INFO"
+
+    @field_validator("model", "api_key", "ray_address", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("allowed_models", mode="before")
+    @classmethod
+    def _split_list(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    def extraction_options(self) -> dict[str, object]:
+        """What the encoder needs to reproduce the same keys."""
+        return {"device": self.device, "precision": self.precision, "max_length": self.max_length,
+                "storage_dtype": self.storage_dtype}
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

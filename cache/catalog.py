@@ -1,0 +1,184 @@
+"""The catalog: SQLite (WAL) index from keys to (shard, row), and the tables
+that other parts of layerbank keep beside it (models, datasets, jobs, heads).
+
+Only committed shards are listed. A shard and all its rows are registered in
+one transaction, after the file is durable under its final name, so a reader
+that finds a key always finds its data.
+
+Example::
+
+    cat = Catalog("data/catalog.sqlite")
+    cat.commit_shard("job1-00000.h5", model, config, keys, n_tokens, truncated, has_tokens=False, n_bytes=123)
+    cat.lookup(keys)  # {key: Entry(shard="job1-00000.h5", row=0, ...)}
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+__all__ = ["Catalog", "Entry"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS shards (
+    name TEXT PRIMARY KEY, model TEXT NOT NULL, config TEXT NOT NULL,
+    n_rows INTEGER NOT NULL, n_bytes INTEGER NOT NULL, has_tokens INTEGER NOT NULL,
+    created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY, shard TEXT NOT NULL REFERENCES shards(name), row INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL, truncated INTEGER NOT NULL, has_tokens INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS entries_shard ON entries(shard);
+CREATE TABLE IF NOT EXISTS models (
+    fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL, info TEXT NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one key's row lives."""
+
+    key: str
+    shard: str
+    row: int
+    n_tokens: int
+    truncated: bool
+    has_tokens: bool
+
+
+class Catalog:
+    """Thread-safe access to the SQLite catalog (one connection per thread)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._local = threading.local()
+        self.conn().executescript(_SCHEMA)
+
+    # -- connections ------------------------------------------------------
+    def conn(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE),
+            # so a writer never upgrades a read lock midway and deadlocks.
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoint
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._local.db = db
+        return db
+
+    def tx(self) -> "_Tx":
+        return _Tx(self.conn())
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- shards and entries ----------------------------------------------
+    def commit_shard(self, name: str, model: str, config: str, keys: Sequence[str],
+                     n_tokens: Sequence[int], truncated: Sequence[bool], *,
+                     has_tokens: bool, n_bytes: int) -> None:
+        """Register a durable shard and point its keys at it, atomically.
+
+        Re-committing the same name (a re-run of the same job part) replaces
+        the earlier registration. A key already stored with token-level states
+        is not repointed to a shard without them.
+        """
+        rows = [(k, name, i, int(t), int(bool(tr)), int(has_tokens))
+                for i, (k, t, tr) in enumerate(zip(keys, n_tokens, truncated))]
+        with self.tx() as db:
+            db.execute("DELETE FROM entries WHERE shard = ?", (name,))
+            db.execute("DELETE FROM shards WHERE name = ?", (name,))
+            db.execute("INSERT INTO shards VALUES (?,?,?,?,?,?,?)",
+                       (name, model, config, len(rows), int(n_bytes), int(has_tokens), time.time()))
+            db.executemany(
+                "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+                "shard=excluded.shard, row=excluded.row, n_tokens=excluded.n_tokens, "
+                "truncated=excluded.truncated, has_tokens=excluded.has_tokens "
+                "WHERE excluded.has_tokens >= entries.has_tokens", rows)
+            # a shard whose every key moved elsewhere holds nothing readable
+            db.execute("DELETE FROM shards WHERE name NOT IN (SELECT DISTINCT shard FROM entries)"
+                       " AND name = ?", (name,))
+
+    def lookup(self, keys: Iterable[str], need_tokens: bool = False) -> dict[str, Entry]:
+        """Entries for the keys that are stored (with token states if asked)."""
+        out: dict[str, Entry] = {}
+        keys = list(dict.fromkeys(keys))
+        db = self.conn()
+        for i in range(0, len(keys), 900):  # SQLite host-parameter limit
+            chunk = keys[i : i + 900]
+            q = ("SELECT key, shard, row, n_tokens, truncated, has_tokens FROM entries "
+                 f"WHERE key IN ({','.join('?' * len(chunk))})")
+            for k, s, r, n, t, h in db.execute(q, chunk):
+                if need_tokens and not h:
+                    continue
+                out[k] = Entry(k, s, r, n, bool(t), bool(h))
+        return out
+
+    def shard_names(self) -> set[str]:
+        return {r[0] for r in self.conn().execute("SELECT name FROM shards")}
+
+    def shard_info(self, name: str) -> dict | None:
+        r = self.conn().execute("SELECT name, model, config, n_rows, n_bytes, has_tokens "
+                                "FROM shards WHERE name = ?", (name,)).fetchone()
+        if r is None:
+            return None
+        return dict(zip(("name", "model", "config", "n_rows", "n_bytes", "has_tokens"), r))
+
+    def drop_shard(self, name: str) -> list[str]:
+        """Forget a shard (quarantine, compaction); returns the keys it held."""
+        with self.tx() as db:
+            keys = [r[0] for r in db.execute("SELECT key FROM entries WHERE shard = ?", (name,))]
+            db.execute("DELETE FROM entries WHERE shard = ?", (name,))
+            db.execute("DELETE FROM shards WHERE name = ?", (name,))
+        return keys
+
+    def stats(self) -> dict[str, int]:
+        db = self.conn()
+        n_keys = db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+        n_shards, n_bytes = db.execute("SELECT COUNT(*), COALESCE(SUM(n_bytes),0) FROM shards").fetchone()
+        return {"keys": n_keys, "shards": n_shards, "bytes": n_bytes}
+
+    # -- models -----------------------------------------------------------
+    def register_model(self, fingerprint: str, name: str, info: dict) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO models VALUES (?,?,?,?)",
+                       (fingerprint, name, json.dumps(info), time.time()))
+
+    def model_info(self, fingerprint: str) -> dict | None:
+        r = self.conn().execute("SELECT info FROM models WHERE fingerprint = ?",
+                                (fingerprint,)).fetchone()
+        return None if r is None else json.loads(r[0])
+
+    # -- counters (quarantines and the like, visible to every process) ----
+    def bump(self, name: str, by: int = 1) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE "
+                       "SET value = value + excluded.value", (name, by))
+
+    def counter(self, name: str) -> int:
+        r = self.conn().execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return 0 if r is None else int(r[0])
+
+
+class _Tx:
+    """``with catalog.tx() as db:`` — BEGIN IMMEDIATE … COMMIT, ROLLBACK on error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,177 @@
+"""The job queue: a table in the catalog, claimed by workers under a lease.
+
+States: queued -> running -> succeeded | failed | cancelled. A worker claims
+a job by writing its id and a lease deadline; it renews the lease with each
+heartbeat. A job whose lease expired (its worker died) is claimed again and
+its attempt count rises: at-least-once execution. Extraction shards are named
+by (job, part), so a re-run overwrites rather than duplicates.
+
+Example::
+
+    q = JobQueue(catalog)
+    job_id = q.submit("extract", {"dataset": "d1"})
+    job = q.claim("worker-1", kinds=["extract"], lease_s=30)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .catalog import Catalog
+
+__all__ = ["JobQueue", "Job", "JOB_STATES"]
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, payload TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL DEFAULT 3, owner TEXT, lease_until REAL,
+    progress TEXT NOT NULL DEFAULT '{}', result TEXT, error TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL, started REAL, finished REAL);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, priority, created);
+CREATE TABLE IF NOT EXISTS workers (
+    id TEXT PRIMARY KEY, pid INTEGER NOT NULL, info TEXT NOT NULL, last_seen REAL NOT NULL);
+"""
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    state: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    progress: dict[str, Any]
+    result: Any
+    error: str | None
+    cancel_requested: bool
+    created: float
+    started: float | None
+    finished: float | None
+
+    def public(self) -> dict[str, Any]:
+        """What the API shows (payloads can be large: texts stay out)."""
+        return {"id": self.id, "kind": self.kind, "state": self.state,
+                "attempts": self.attempts, "progress": self.progress, "error": self.error,
+                "created": self.created, "started": self.started, "finished": self.finished}
+
+
+_COLS = ("id, kind, state, payload, attempts, max_attempts, progress, result, error, "
+         "cancel_requested, created, started, finished")
+
+
+def _job(row: Sequence[Any]) -> Job:
+    return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], json.loads(row[6]),
+               None if row[7] is None else json.loads(row[7]), row[8], bool(row[9]),
+               row[10], row[11], row[12])
+
+
+class JobQueue:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        catalog.conn().executescript(_SCHEMA)
+
+    def submit(self, kind: str, payload: dict[str, Any], *, priority: int = 0,
+               max_attempts: int = 3, job_id: str | None = None) -> str:
+        job_id = job_id or uuid.uuid4().hex[:16]
+        with self.catalog.tx() as db:
+            db.execute("INSERT INTO jobs (id, kind, state, payload, priority, max_attempts, created) "
+                       "VALUES (?,?,?,?,?,?,?)",
+                       (job_id, kind, "queued", json.dumps(payload), priority, max_attempts, time.time()))
+        return job_id
+
+    def get(self, job_id: str) -> Job | None:
+        r = self.catalog.conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if r is None else _job(r)
+
+    def list(self, limit: int = 100) -> list[Job]:
+        rows = self.catalog.conn().execute(
+            f"SELECT {_COLS} FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+        return [_job(r) for r in rows]
+
+    def claim(self, owner: str, kinds: Sequence[str], lease_s: float) -> Job | None:
+        """Take the most urgent queued job, or one whose lease expired."""
+        now = time.time()
+        marks = ",".join("?" * len(kinds))
+        with self.catalog.tx() as db:
+            # jobs whose worker died too often fail instead of looping forever
+            db.execute("UPDATE jobs SET state='failed', finished=?, error='worker died ' || attempts || "
+                       "' times while running this job' WHERE state='running' AND lease_until < ? "
+                       "AND attempts >= max_attempts", (now, now))
+            r = db.execute(
+                f"SELECT id FROM jobs WHERE kind IN ({marks}) AND cancel_requested = 0 AND "
+                "(state='queued' OR (state='running' AND lease_until < ?)) "
+                "ORDER BY priority DESC, created LIMIT 1", (*kinds, now)).fetchone()
+            if r is None:
+                return None
+            db.execute("UPDATE jobs SET state='running', owner=?, lease_until=?, attempts=attempts+1, "
+                       "started=COALESCE(started, ?) WHERE id=?", (owner, now + lease_s, now, r[0]))
+        return self.get(r[0])
+
+    def heartbeat(self, job_id: str, owner: str, lease_s: float,
+                  progress: dict[str, Any] | None = None) -> bool:
+        """Renew the lease (and record progress). False: stop, the job is not ours
+        any more (cancelled, or the lease was lost to another worker)."""
+        with self.catalog.tx() as db:
+            if progress is not None:
+                cur = db.execute("UPDATE jobs SET lease_until=?, progress=? WHERE id=? AND owner=? "
+                                 "AND state='running' AND cancel_requested=0",
+                                 (time.time() + lease_s, json.dumps(progress), job_id, owner))
+            else:
+                cur = db.execute("UPDATE jobs SET lease_until=? WHERE id=? AND owner=? "
+                                 "AND state='running' AND cancel_requested=0",
+                                 (time.time() + lease_s, job_id, owner))
+            return cur.rowcount == 1
+
+    def finish(self, job_id: str, owner: str, result: Any = None) -> bool:
+        with self.catalog.tx() as db:
+            cur = db.execute("UPDATE jobs SET state='succeeded', result=?, finished=?, lease_until=NULL "
+                             "WHERE id=? AND owner=? AND state='running'",
+                             (json.dumps(result), time.time(), job_id, owner))
+            return cur.rowcount == 1
+
+    def fail(self, job_id: str, owner: str, error: str) -> bool:
+        with self.catalog.tx() as db:
+            cur = db.execute("UPDATE jobs SET state='failed', error=?, finished=?, lease_until=NULL "
+                             "WHERE id=? AND owner=? AND state='running'",
+                             (error[:4000], time.time(), job_id, owner))
+            return cur.rowcount == 1
+
+    def mark_cancelled(self, job_id: str) -> None:
+        """Called by the worker once a running job has actually stopped."""
+        with self.catalog.tx() as db:
+            db.execute("UPDATE jobs SET state='cancelled', finished=?, lease_until=NULL WHERE id=? "
+                       "AND state='running'", (time.time(), job_id))
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Cancel: a queued job stops at once; a running one at its next heartbeat."""
+        with self.catalog.tx() as db:
+            db.execute("UPDATE jobs SET state='cancelled', finished=?, cancel_requested=1 "
+                       "WHERE id=? AND state='queued'", (time.time(), job_id))
+            db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=? AND state='running'", (job_id,))
+        return self.get(job_id)
+
+    def counts(self) -> dict[str, int]:
+        rows = self.catalog.conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        out = {s: 0 for s in JOB_STATES}
+        out.update({s: n for s, n in rows})
+        return out
+
+    # -- worker liveness (for /ready) --------------------------------------
+    def worker_seen(self, worker_id: str, pid: int, info: dict[str, Any]) -> None:
+        with self.catalog.tx() as db:
+            db.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,?)",
+                       (worker_id, pid, json.dumps(info), time.time()))
+
+    def live_workers(self, within_s: float) -> list[dict[str, Any]]:
+        rows = self.catalog.conn().execute("SELECT id, pid, info, last_seen FROM workers "
+                                           "WHERE last_seen > ?", (time.time() - within_s,))
+        return [{"id": i, "pid": p, **json.loads(info), "last_seen": t} for i, p, info, t in rows]

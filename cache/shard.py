@@ -1,0 +1,217 @@
+"""HDF5 shards: write-once files of pooled (and optionally token-level) states.
+
+Layout (documented for users in docs/storage.md)::
+
+    /keys               [n]          S64   hex sha256 key of each row
+    /n_tokens           [n]          int32 tokens the encoder saw (after truncation)
+    /truncated          [n]          uint8 1 when the text was cut at max_length
+    /pooled/{mean,cls,max} [n, H, d] float16|float32, H = L + 1 hidden states
+    /tokens/offsets     [n + 1]      int64 row i owns token rows offsets[i]:offsets[i+1]
+    /tokens/layer_{i}   [T, d]       token states of hidden state i
+    /tokens/ids         [T]          int32 token ids
+    /tokens/char_spans  [T, 2]       int32 character (start, end) in the text
+    /tokens/word_ids    [T]          int32 tokenizer word id, -1 for special tokens
+
+Every dataset is chunked and carries the fletcher32 checksum filter, so a
+flipped byte on disk is an error on read, never a wrong number.
+
+Writing is write-once: ``<name>.h5.tmp`` is written, flushed, fsynced and
+closed, then ``os.replace``d to ``<name>.h5`` (atomic on POSIX), and the
+directory is fsynced. A crash leaves at most a ``.tmp`` file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+__all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "CorruptShardError",
+           "FORMAT_VERSION", "POOLINGS"]
+
+FORMAT_VERSION = 1
+POOLINGS = ("mean", "cls", "max")
+_CHUNK_BYTES = 64 * 1024  # small chunks: a one-row read decompresses little
+
+
+class CorruptShardError(OSError):
+    """A shard whose checksum or structure failed on read."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(f"shard {os.fspath(path)} is damaged: {reason}")
+        self.path = os.fspath(path)
+
+
+@dataclass
+class TokenRows:
+    """Token-level states of one text: states [t, H, d] plus alignment arrays."""
+
+    states: np.ndarray
+    ids: np.ndarray
+    char_spans: np.ndarray
+    word_ids: np.ndarray
+
+
+@dataclass
+class ShardContents:
+    """What one shard holds, in memory, before it is written."""
+
+    keys: list[str]
+    n_tokens: np.ndarray
+    truncated: np.ndarray
+    pooled: dict[str, np.ndarray]  # pooling -> [n, H, d]
+    tokens: list[TokenRows] | None = None
+    attrs: dict[str, str | int] = field(default_factory=dict)
+
+
+def _rows_per_chunk(row_bytes: int, n: int) -> int:
+    return max(1, min(n, _CHUNK_BYTES // max(1, row_bytes)))
+
+
+def _dataset(group: h5py.Group, name: str, data: np.ndarray) -> None:
+    chunk = (_rows_per_chunk(int(np.prod(data.shape[1:], dtype=np.int64)) * data.itemsize,
+                             data.shape[0]),) + data.shape[1:]
+    group.create_dataset(name, data=data, chunks=chunk, fletcher32=True)
+
+
+def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: str) -> int:
+    """Write ``contents`` to ``path`` atomically; return the bytes on disk.
+
+    The final name appears only once the file is complete and on disk.
+    """
+    final = Path(path)
+    tmp = final.with_name(final.name + ".tmp")
+    n = len(contents.keys)
+    if n == 0:
+        raise ValueError("a shard needs at least one row")
+    try:
+        with h5py.File(tmp, "w") as f:
+            _dataset(f, "keys", np.array(contents.keys, dtype="S64"))
+            _dataset(f, "n_tokens", np.asarray(contents.n_tokens, dtype=np.int32))
+            _dataset(f, "truncated", np.asarray(contents.truncated, dtype=np.uint8))
+            pooled = f.create_group("pooled")
+            for name, arr in contents.pooled.items():
+                if arr.shape[0] != n:
+                    raise ValueError(f"pooled/{name} has {arr.shape[0]} rows, expected {n}")
+                _dataset(pooled, name, np.asarray(arr, dtype=dtype))
+            if contents.tokens is not None:
+                _write_tokens(f.create_group("tokens"), contents.tokens, dtype)
+            f.attrs["format_version"] = FORMAT_VERSION
+            for k, v in contents.attrs.items():
+                f.attrs[k] = v
+            f.flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(final.parent)
+    return final.stat().st_size
+
+
+def _write_tokens(group: h5py.Group, tokens: list[TokenRows], dtype: str) -> None:
+    counts = np.array([t.states.shape[0] for t in tokens], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    _dataset(group, "offsets", offsets)
+    n_states = tokens[0].states.shape[1]
+    for i in range(n_states):
+        _dataset(group, f"layer_{i}", np.concatenate([t.states[:, i] for t in tokens]).astype(dtype))
+    _dataset(group, "ids", np.concatenate([t.ids for t in tokens]).astype(np.int32))
+    spans = np.concatenate([t.char_spans.reshape(-1, 2) for t in tokens]).astype(np.int32)
+    _dataset(group, "char_spans", spans)
+    _dataset(group, "word_ids", np.concatenate([t.word_ids for t in tokens]).astype(np.int32))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ShardReader:
+    """Read-only, lazily opened handle on one committed shard.
+
+    The file is opened on first read and the handle belongs to the process
+    that opened it: after a fork the child opens its own (HDF5 handles must
+    not cross a fork).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._file: h5py.File | None = None
+        self._pid = -1
+
+    def _open(self) -> h5py.File:
+        if self._file is None or self._pid != os.getpid():
+            try:
+                self._file = h5py.File(self.path, "r")
+            except OSError as e:
+                raise CorruptShardError(self.path, str(e)) from e
+            self._pid = os.getpid()
+        return self._file
+
+    def close(self) -> None:
+        if self._file is not None and self._pid == os.getpid():
+            self._file.close()
+        self._file = None
+
+    def _read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (any order, repeats allowed) of dataset ``name``."""
+        ds = self._open()[name]
+        uniq, inverse = np.unique(rows, return_inverse=True)  # sorted, as h5py needs
+        try:
+            lo, hi = int(uniq[0]), int(uniq[-1]) + 1
+            if len(uniq) * 4 >= hi - lo:
+                # dense: one contiguous read beats point selections by far
+                block = ds[lo:hi]
+                data = block[uniq - lo]
+            else:
+                data = ds[uniq]
+        except (OSError, KeyError, ValueError) as e:
+            raise CorruptShardError(self.path, f"{name}: {e}") from e
+        return data[inverse]
+
+    def read_pooled(self, rows: np.ndarray, pooling: str) -> np.ndarray:
+        """[len(rows), H, d] pooled states, as stored (float16 or float32)."""
+        return self._read_rows(f"pooled/{pooling}", np.asarray(rows, dtype=np.int64))
+
+    def read_keys(self) -> list[str]:
+        try:
+            return [k.decode() for k in self._open()["keys"][:]]
+        except (OSError, KeyError) as e:
+            raise CorruptShardError(self.path, f"keys: {e}") from e
+
+    def read_tokens(self, row: int, layers: list[int] | None = None) -> TokenRows:
+        """Token-level states of one row: states [t, len(layers), d]."""
+        f = self._open()
+        try:
+            g = f["tokens"]
+            off = g["offsets"][row : row + 2]
+            a, b = int(off[0]), int(off[1])
+            n_states = sum(1 for k in g.keys() if k.startswith("layer_"))
+            layers = list(range(n_states)) if layers is None else layers
+            states = np.stack([g[f"layer_{i}"][a:b] for i in layers], axis=1)
+            return TokenRows(states, g["ids"][a:b], g["char_spans"][a:b], g["word_ids"][a:b])
+        except KeyError as e:
+            raise CorruptShardError(self.path, f"no token-level states: {e}") from e
+        except OSError as e:
+            raise CorruptShardError(self.path, f"tokens: {e}") from e
+
+    def verify(self) -> None:
+        """Read every dataset once so that any checksum failure surfaces."""
+        f = self._open()
+
+        def visit(name: str, obj: object) -> None:
+            if isinstance(obj, h5py.Dataset):
+                try:
+                    obj[()]
+                except OSError as e:
+                    raise CorruptShardError(self.path, f"{name}: {e}") from e
+
+        f.visititems(visit)

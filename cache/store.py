@@ -1,0 +1,219 @@
+"""FeatureStore: the one object readers and writers use.
+
+Directory layout under ``data_dir``::
+
+    catalog.sqlite      the catalog (WAL mode; keep it on local disk)
+    shards/*.h5         committed, write-once shards
+    quarantine/*.h5     shards whose checksum failed, kept for inspection
+
+Reads gather rows by key across shards and return them in the caller's
+order. A shard that fails its checksum is quarantined on the spot: its keys
+are dropped from the catalog (so they become misses and are recomputed) and
+the caller is told which keys were not served. Wrong numbers are never
+returned.
+
+Example::
+
+    store = FeatureStore("data")
+    rows, found = store.read_pooled(keys, "mean", layers=[5])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .catalog import Catalog, Entry
+from .keys import ExtractionConfig, text_key
+from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
+from .views import View
+
+__all__ = ["FeatureStore", "ReadResult"]
+
+log = logging.getLogger("layerbank.store")
+_MAX_OPEN = 256  # cached read handles per process
+
+
+class ReadResult:
+    """Rows read for a list of keys: ``data[i]`` is valid where ``found[i]``."""
+
+    def __init__(self, data: np.ndarray, found: np.ndarray, entries: list[Entry | None]) -> None:
+        self.data = data
+        self.found = found
+        self.entries = entries
+
+    @property
+    def missing(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(~self.found)]
+
+
+class FeatureStore:
+    """Keys in, feature rows out; shards written once and committed atomically."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], *, clean: bool = False) -> None:
+        self.root = Path(data_dir)
+        self.shard_dir = self.root / "shards"
+        self.quarantine_dir = self.root / "quarantine"
+        for d in (self.root, self.shard_dir, self.quarantine_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(self.root / "catalog.sqlite")
+        self._readers: OrderedDict[str, ShardReader] = OrderedDict()
+        self._lock = threading.Lock()
+        if clean:
+            self.clean()
+
+    # -- keys -------------------------------------------------------------
+    @staticmethod
+    def key(model_fingerprint: str, config: ExtractionConfig | str, text: str) -> str:
+        return text_key(model_fingerprint, config, text)
+
+    # -- maintenance ------------------------------------------------------
+    def clean(self) -> dict[str, int]:
+        """Remove what a crash can leave: temp files and unregistered shards.
+
+        Call only when no writer is running (at start, under the data lock).
+        """
+        committed = self.catalog.shard_names()
+        removed_tmp = removed_orphans = 0
+        for p in self.shard_dir.iterdir():
+            if p.name.endswith(".tmp"):
+                p.unlink(missing_ok=True)
+                removed_tmp += 1
+            elif p.suffix == ".h5" and p.name not in committed:
+                # written and renamed, but the process died before the catalog commit
+                p.unlink(missing_ok=True)
+                removed_orphans += 1
+        if removed_tmp or removed_orphans:
+            log.warning("removed %d temp files and %d uncommitted shards left by a crash",
+                        removed_tmp, removed_orphans)
+        return {"temp_files": removed_tmp, "uncommitted_shards": removed_orphans}
+
+    # -- writing ----------------------------------------------------------
+    def write(self, name: str, contents: ShardContents, *, model: str, config: ExtractionConfig) -> int:
+        """Write a shard named ``name`` (``<job>-<part>``) and commit it; return bytes."""
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"bad shard name {name!r}")
+        fname = name + ".h5"
+        contents.attrs.setdefault("model_fingerprint", model)
+        contents.attrs.setdefault("extraction_config", config.canonical())
+        self._forget_reader(fname)
+        n_bytes = write_shard(self.shard_dir / fname, contents, config.storage_dtype)
+        self.catalog.commit_shard(fname, model, config.canonical(), contents.keys,
+                                  contents.n_tokens, contents.truncated,
+                                  has_tokens=contents.tokens is not None, n_bytes=n_bytes)
+        return n_bytes
+
+    def is_committed(self, name: str) -> bool:
+        return self.catalog.shard_info(name + ".h5") is not None
+
+    # -- reading ----------------------------------------------------------
+    def lookup(self, keys: Sequence[str], need_tokens: bool = False) -> dict[str, Entry]:
+        return self.catalog.lookup(keys, need_tokens)
+
+    def _reader(self, shard: str) -> ShardReader:
+        with self._lock:
+            r = self._readers.get(shard)
+            if r is None:
+                r = ShardReader(self.shard_dir / shard)
+                self._readers[shard] = r
+                while len(self._readers) > _MAX_OPEN:
+                    self._readers.popitem(last=False)[1].close()
+            else:
+                self._readers.move_to_end(shard)
+            return r
+
+    def _forget_reader(self, shard: str) -> None:
+        with self._lock:
+            r = self._readers.pop(shard, None)
+        if r is not None:
+            r.close()
+
+    def quarantine(self, shard: str, reason: str) -> list[str]:
+        """Move a damaged shard aside and drop its keys so they are recomputed."""
+        self._forget_reader(shard)
+        keys = self.catalog.drop_shard(shard)
+        src = self.shard_dir / shard
+        if src.exists():
+            shutil.move(str(src), str(self.quarantine_dir / shard))
+        self.catalog.bump("quarantined_shards")
+        log.error("quarantined shard %s (%s); %d keys will be recomputed", shard, reason, len(keys))
+        return keys
+
+    def read_pooled(self, keys: Sequence[str], pooling: str,
+                    layers: Sequence[int] | None = None) -> ReadResult:
+        """[len(keys), len(layers) or H, d] float32 rows in the order of ``keys``."""
+        entries = self.lookup(keys)
+        by_shard: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            e = entries.get(k)
+            if e is not None:
+                by_shard.setdefault(e.shard, []).append(i)
+        found = np.zeros(len(keys), dtype=bool)
+        data: np.ndarray | None = None
+        for shard, idx in sorted(by_shard.items()):
+            rows = np.array([entries[keys[i]].row for i in idx], dtype=np.int64)
+            try:
+                block = self._read_checked(shard, rows, [keys[i] for i in idx], pooling)
+            except CorruptShardError as e:
+                self.quarantine(shard, str(e))
+                continue
+            except KeyError:
+                raise ValueError(f"unknown pooling {pooling!r}; stored: mean, cls, max") from None
+            if layers is not None:
+                block = block[:, list(layers)]
+            if data is None:
+                data = np.zeros((len(keys),) + block.shape[1:], dtype=np.float32)
+            data[idx] = block
+            found[idx] = True
+        if data is None:
+            data = np.zeros((len(keys), 0, 0), dtype=np.float32)
+        return ReadResult(data, found, [entries.get(k) for k in keys])
+
+    def _read_checked(self, shard: str, rows: np.ndarray, want: list[str], pooling: str) -> np.ndarray:
+        """Read rows and check they hold the keys asked for.
+
+        A handle cached before its shard name was re-committed (a re-run of
+        the same job part) would point at the old file; reading the keys
+        with the rows catches that, and the handle is reopened once.
+        """
+        for attempt in (0, 1):
+            reader = self._reader(shard)
+            got = reader._read_rows("keys", rows)
+            if [g.decode() for g in got] == want:
+                return reader.read_pooled(rows, pooling)
+            self._forget_reader(shard)
+        raise CorruptShardError(self.shard_dir / shard, "rows do not hold the keys the catalog lists")
+
+    def read_view(self, keys: Sequence[str], view: View, pooling: str,
+                  n_hidden_states: int) -> ReadResult:
+        """Rows of ``view`` (reading only the layers it needs)."""
+        needed = view.needed_layers(n_hidden_states)
+        res = self.read_pooled(keys, pooling, layers=needed)
+        if res.data.size == 0:
+            return res
+        return ReadResult(view.combine(res.data, n_hidden_states), res.found, res.entries)
+
+    def read_tokens(self, key: str, layers: Sequence[int] | None = None) -> TokenRows | None:
+        """Token-level rows of one key, or None if not stored with tokens."""
+        e = self.lookup([key], need_tokens=True).get(key)
+        if e is None:
+            return None
+        try:
+            return self._reader(e.shard).read_tokens(e.row, None if layers is None else list(layers))
+        except CorruptShardError as err:
+            self.quarantine(e.shard, str(err))
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
+        self.catalog.close()

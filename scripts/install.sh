@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install layerbank into ./.venv. torch is installed first, pinned to the CPU
+# build (2.13.0) this machine keeps on disk: an unpinned torch pulls a
+# multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[${1:-test}]"

@@ -1,0 +1,177 @@
+"""app.token_probe on synthetic word states where one layer carries the tag."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from app.spans import TagSchemeError, span_scores
+from app.token_probe import WordStates, control_tags, run_token_probe
+
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+H, D, CARRIER = 4, 16, 2
+
+
+def random_sentence(rng: np.random.Generator) -> list[str]:
+    tags: list[str] = []
+    while len(tags) < 6:
+        if rng.random() < 0.6:
+            tags.append("O")
+        else:
+            kind = rng.choice(["PER", "LOC"])
+            tags += [f"B-{kind}"] + [f"I-{kind}"] * int(rng.integers(0, 2))
+    return tags
+
+
+def make_split(rng, tag_vectors, n_sentences: int, *, signal: float = 4.0) -> WordStates:
+    tags = [random_sentence(rng) for _ in range(n_sentences)]
+    # Words are drawn independently of the tags, so the only way to know a
+    # word's control tag is to recognise the word, which no layer allows.
+    words = [[f"w{rng.integers(0, 150)}" for _ in s] for s in tags]
+    flat = [TAGS.index(t) for s in tags for t in s]
+    states = rng.normal(size=(len(flat), H, D)).astype(np.float32)
+    states[:, CARRIER] += signal * tag_vectors[flat]
+    return WordStates(states, words, tags)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    rng = np.random.default_rng(0)
+    tag_vectors = rng.normal(size=(len(TAGS), D)).astype(np.float32)
+    return make_split(rng, tag_vectors, 250), make_split(rng, tag_vectors, 100)
+
+
+def test_the_layer_carrying_the_tag_wins_and_the_control_task_stays_near_chance(splits):
+    train, valid = splits
+    result = run_token_probe(train, valid, views=["each_layer"], seed=0)
+    json.dumps(result)  # must be JSON-serializable as is
+    rows = {r["view"]: r for r in result["rows"]}
+    assert list(rows) == [f"layer:{i}" for i in range(H)]
+    assert result["best"] == f"layer:{CARRIER}"
+    best = rows[f"layer:{CARRIER}"]
+    assert best["f1"] > 0.95 and best["word_accuracy"] > 0.95
+    assert best["per_type"]["PER"]["f1"] > 0.9
+    for name, row in rows.items():
+        if name != f"layer:{CARRIER}":
+            assert row["f1"] < 0.3, row
+    # Chance for the control task is predicting its most frequent tag.
+    valid_control = control_tags([w for s in valid.words for w in s],
+                                 Counter(t for s in train.tags for t in s), seed=0)
+    chance = max(Counter(valid_control).values()) / len(valid_control)
+    for row in rows.values():
+        assert row["control_accuracy"] <= chance + 0.1, row
+        assert row["selectivity"] == pytest.approx(row["word_accuracy"] - row["control_accuracy"])
+    assert best["selectivity"] > 0.4
+    assert result["n_uncovered"] == {"train": 0, "valid": 0}
+    assert result["tags"] == sorted(TAGS)
+
+
+def test_views_from_the_view_grammar_and_no_control(splits):
+    train, valid = splits
+    views = ["layer:-2", "concat_last_4", "weighted:0,0,1,0", "all_layers", "layer:-2"]
+    result = run_token_probe(train, valid, views=views, control_task=False)
+    names = [r["view"] for r in result["rows"]]
+    assert names == ["layer:-2", "concat_last_4", "weighted:0,0,1,0", "all_layers"]
+    for row in result["rows"]:
+        assert row["f1"] > 0.9  # each of these contains the carrier layer
+        assert row["control_accuracy"] is None and row["selectivity"] is None
+        assert row["fit_seconds"] >= 0
+
+
+def test_uncovered_words_are_counted_and_scored_as_o():
+    rng = np.random.default_rng(1)
+    tag_vectors = rng.normal(size=(len(TAGS), D)).astype(np.float32)
+    # A strong signal so the head is perfect on every word it sees.
+    train = make_split(rng, tag_vectors, 150, signal=20.0)
+    valid = make_split(rng, tag_vectors, 40, signal=20.0)
+    covered = np.ones(valid.states.shape[0], dtype=bool)
+    covered[-15:] = False  # the tail of the set, as if truncated
+    valid.states[~covered] = np.nan  # never read
+    valid.covered = covered
+    train.covered = np.ones(train.states.shape[0], dtype=bool)
+    train.covered[:3] = False
+    train.states[:3] = np.nan
+
+    result = run_token_probe(train, valid, views=[f"layer:{CARRIER}"], control_task=False)
+    assert result["n_uncovered"] == {"train": 3, "valid": 15}
+    flat = np.array([t for s in valid.tags for t in s], dtype=object)
+    flat[~covered] = "O"
+    expected, pos = [], 0
+    for s in valid.tags:
+        expected.append(list(flat[pos : pos + len(s)]))
+        pos += len(s)
+    want = span_scores(valid.tags, expected)
+    row = result["rows"][0]
+    assert want.recall < 1.0  # the test would be empty otherwise
+    assert row["f1"] == pytest.approx(want.f1)
+    assert row["word_accuracy"] == pytest.approx(want.word_accuracy)
+
+
+def test_non_bio_tags_need_span_f1_off(splits):
+    train, valid = splits
+    pos_train = WordStates(train.states, train.words, [["NN" if t == "O" else "VB" for t in s] for s in train.tags])
+    pos_valid = WordStates(valid.states, valid.words, [["NN" if t == "O" else "VB" for t in s] for s in valid.tags])
+    with pytest.raises(TagSchemeError, match=r"train sentence 0, word 0: tag '(NN|VB)'"):
+        run_token_probe(pos_train, pos_valid, views=["layer:0"])
+    result = run_token_probe(pos_train, pos_valid, views=["each_layer"], span_f1=False, control_task=False)
+    assert result["metric"] == "word_accuracy" and result["best"] == f"layer:{CARRIER}"
+    assert result["rows"][0]["f1"] is None
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t, v: (t, WordStates(v.states[:-1], v.words, v.tags)), "state rows"),
+        (lambda t, v: (t, WordStates(v.states[:, :2], v.words, v.tags)), "not the same encoder"),
+        (lambda t, v: (t, WordStates(v.states, v.words[:-1], v.tags)), "sentences of words"),
+        (lambda t, v: (WordStates(t.states[:, 0], t.words, t.tags), v), r"\[n_words, H, d\]"),
+        (lambda t, v: (WordStates(t.states, t.words, t.tags, np.ones(3, bool)), v), "covered"),
+    ],
+)
+def test_inconsistent_inputs_are_refused(splits, change, message):
+    train, valid = change(*splits)
+    with pytest.raises(ValueError, match=message):
+        run_token_probe(train, valid, views=["layer:0"])
+
+
+@pytest.mark.parametrize("views, message", [(["scalar_mix"], "scalar_mix"), (["layer:9"], "does not exist"),
+                                            (["pooled"], "unknown view"), ([], "no views")])
+def test_bad_views_are_refused(splits, views, message):
+    with pytest.raises(ValueError, match=message):
+        run_token_probe(*splits, views=views)
+
+
+def test_control_tags_are_fixed_per_word_type_and_follow_the_tag_distribution():
+    counts = {"O": 80, "B-PER": 20}
+    words = [f"w{i}" for i in range(2000)]
+    first = control_tags(words + ["w1"], counts, seed=3)
+    assert first[-1] == first[1]  # same type, same tag, wherever it appears
+    assert (control_tags(words, counts, seed=3) == first[:-1]).all()  # reproducible
+    assert (control_tags(words, counts, seed=4) != first[:-1]).any()  # the seed matters
+    share = np.mean(first[:-1] == "O")
+    assert 0.75 < share < 0.85
+
+
+def test_control_task_is_learned_where_states_identify_the_word():
+    # The other side of selectivity: a layer that encodes word identity can
+    # memorise the control tags, so its control accuracy is far above chance.
+    rng = np.random.default_rng(2)
+    vocab, dim = 30, 48
+    word_vectors = rng.normal(size=(vocab, dim)).astype(np.float32)
+
+    def split(n_sentences):
+        tags = [random_sentence(rng) for _ in range(n_sentences)]
+        ids = [rng.integers(0, vocab, size=len(s)) for s in tags]
+        flat = np.concatenate(ids)
+        states = 0.1 * rng.normal(size=(flat.size, 2, dim)).astype(np.float32)
+        states[:, 1] += word_vectors[flat]
+        return WordStates(states, [[f"w{i}" for i in s] for s in ids], tags)
+
+    train, valid = split(200), split(60)
+    result = run_token_probe(train, valid, views=["each_layer"], seed=5, max_iter=500)
+    noise, identity = result["rows"]
+    assert identity["control_accuracy"] > 0.9
+    assert noise["control_accuracy"] < 0.7

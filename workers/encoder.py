@@ -1,0 +1,205 @@
+"""The encoder: a frozen Hugging Face model that returns every hidden state,
+pooled on the device.
+
+``Encoder.encode(batch)`` takes one tokenized, length-homogeneous batch and
+returns, for every hidden state h_0..h_L, the mean (over real tokens), cls
+(first token) and max pooled vectors as float32 numpy arrays, and the
+token-level states when asked. Pooling runs on the device in float32
+accumulation whatever the compute precision, so only [n, H, d] crosses to the
+host, not [n, H, t, d].
+
+Example::
+
+    enc = Encoder.load()                     # the embedded default model
+    batch = enc.tokenize(["a text", "another"])
+    out = enc.encode(batch)
+    out.pooled["mean"].shape                 # (2, 7, 384)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from cache.fingerprint import default_model_path, model_fingerprint
+from cache.keys import ExtractionConfig
+from cache.shard import TokenRows
+
+from .precision import autocast_dtype, resolve_precision
+
+__all__ = ["Encoder", "Tokenized", "Encoded", "ModelLoadError"]
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded (unknown name, no network, bad files)."""
+
+
+@dataclass
+class Tokenized:
+    """A tokenized batch (unpadded), in the order the texts were given."""
+
+    input_ids: list[list[int]]
+    truncated: list[bool]
+    offsets: list[list[tuple[int, int]]] | None = None
+    word_ids: list[list[int]] | None = None
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(x) for x in self.input_ids]
+
+
+@dataclass
+class Encoded:
+    pooled: dict[str, np.ndarray]  # "mean" | "cls" | "max" -> [n, H, d] float32
+    n_tokens: np.ndarray
+    truncated: np.ndarray
+    tokens: list[TokenRows] | None = None
+
+
+@dataclass
+class Encoder:
+    model: Any
+    tokenizer: Any
+    name: str
+    fingerprint: str
+    config: ExtractionConfig
+    device: torch.device
+    info: dict[str, Any] = field(default_factory=dict)
+    calls: int = 0  # forward passes run; tests use it to prove cache hits skip the model
+
+    # -- loading ----------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str | None = None, *, device: str = "auto", precision: str = "default",
+             max_length: int | None = None, storage_dtype: str = "float16",
+             truncation_side: str = "right", trust_remote_code: bool = False) -> "Encoder":
+        from transformers import AutoModel, AutoTokenizer
+
+        name = name_or_path or default_model_path()
+        dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                           else ("cpu" if device == "auto" else device))
+        try:
+            tok = AutoTokenizer.from_pretrained(name, use_fast=True, trust_remote_code=trust_remote_code)
+            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+            if dev.type == "cuda":
+                kwargs["attn_implementation"] = "sdpa"
+            model = AutoModel.from_pretrained(name, **kwargs)
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelLoadError(f"cannot load model {name!r}: {e}") from e
+        if not getattr(tok, "is_fast", False):
+            raise ModelLoadError(f"model {name!r} has no fast tokenizer; layerbank needs one "
+                                 "for character offsets")
+        model.eval().requires_grad_(False).to(dev)
+        model_max = _model_max_length(model, tok)
+        cfg = ExtractionConfig(max_length=min(max_length or model_max, model_max),
+                               truncation_side=truncation_side, storage_dtype=storage_dtype,
+                               precision=resolve_precision(precision, dev))
+        tok.truncation_side = truncation_side
+        n_params = sum(p.numel() for p in model.parameters())
+        n_bias = sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))
+        n_layers = int(model.config.num_hidden_layers)
+        info = {"name": name if name_or_path else "all-MiniLM-L6-v2 (embedded)", "path": str(name),
+                "num_layers": n_layers, "n_hidden_states": n_layers + 1,
+                "hidden_size": int(model.config.hidden_size), "n_params": int(n_params),
+                "n_bias_params": int(n_bias), "max_length": cfg.max_length,
+                "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
+                "storage_dtype": storage_dtype}
+        return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info)
+
+    # -- tokenizing -------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], want_offsets: bool = False) -> Tokenized:
+        """Tokenize without padding; texts past max_length are cut and flagged.
+
+        Only texts that turn out too long are tokenized a second time, with
+        truncation, so the common case costs one pass.
+        """
+        max_len = int(self.config.max_length or 512)
+        enc = self.tokenizer(list(texts), add_special_tokens=self.config.add_special_tokens,
+                             truncation=False, return_offsets_mapping=want_offsets,
+                             return_attention_mask=False, verbose=False)
+        ids: list[list[int]] = enc["input_ids"]
+        truncated = [len(x) > max_len for x in ids]
+        offsets = enc["offset_mapping"] if want_offsets else None
+        word_ids = [enc.word_ids(i) for i in range(len(ids))] if want_offsets else None
+        long_idx = [i for i, t in enumerate(truncated) if t]
+        if long_idx:
+            cut = self.tokenizer([texts[i] for i in long_idx], truncation=True, max_length=max_len,
+                                 add_special_tokens=self.config.add_special_tokens,
+                                 return_offsets_mapping=want_offsets, return_attention_mask=False)
+            for j, i in enumerate(long_idx):
+                ids[i] = cut["input_ids"][j]
+                if offsets is not None and word_ids is not None:
+                    offsets[i] = cut["offset_mapping"][j]
+                    word_ids[i] = cut.word_ids(j)
+        wids = None
+        if word_ids is not None:
+            wids = [[-1 if w is None else int(w) for w in ws] for ws in word_ids]
+        return Tokenized(ids, truncated, offsets, wids)
+
+    # -- encoding ---------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = autocast_dtype(self.config.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    @torch.inference_mode()
+    def encode(self, batch: Tokenized, want_tokens: bool = False) -> Encoded:
+        """Run the model on one batch and pool every hidden state."""
+        n = len(batch.input_ids)
+        t = max(batch.lengths)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((n, t), pad, dtype=torch.long)
+        mask = torch.zeros((n, t), dtype=torch.long)
+        for i, row in enumerate(batch.input_ids):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        pin = self.device.type == "cuda"
+        ids = (ids.pin_memory() if pin else ids).to(self.device, non_blocking=pin)
+        mask = (mask.pin_memory() if pin else mask).to(self.device, non_blocking=pin)
+        with self._autocast():
+            out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        self.calls += 1
+        # [n, H, t, d] in float32: pooling accumulates in float32 whatever autocast did
+        hs = torch.stack(out.hidden_states, dim=1).float()
+        m = mask[:, None, :, None].to(hs.dtype)
+        counts = mask.sum(dim=1).clamp(min=1).to(hs.dtype)[:, None, None]
+        mean = (hs * m).sum(dim=2) / counts
+        cls_ = hs[:, :, 0]
+        mx = hs.masked_fill(m == 0, float("-inf")).amax(dim=2)
+        pooled = {"mean": mean.cpu().numpy(), "cls": cls_.cpu().numpy(), "max": mx.cpu().numpy()}
+        tokens = None
+        if want_tokens:
+            if batch.offsets is None or batch.word_ids is None:
+                raise ValueError("token-level states need a batch tokenized with want_offsets=True")
+            host = hs.permute(0, 2, 1, 3).cpu().numpy()  # [n, t, H, d]
+            tokens = [TokenRows(host[i, : len(batch.input_ids[i])],
+                                np.asarray(batch.input_ids[i], dtype=np.int32),
+                                np.asarray(batch.offsets[i], dtype=np.int32).reshape(-1, 2),
+                                np.asarray(batch.word_ids[i], dtype=np.int32))
+                      for i in range(n)]
+        return Encoded(pooled, np.asarray(batch.lengths, dtype=np.int32),
+                       np.asarray(batch.truncated, dtype=bool), tokens)
+
+
+def _model_max_length(model: Any, tok: Any) -> int:
+    """The longest input the model can take (position embeddings, tokenizer)."""
+    candidates = [getattr(model.config, "max_position_embeddings", None)]
+    tmax = getattr(tok, "model_max_length", None)
+    if tmax and tmax < 1_000_000:
+        candidates.append(tmax)
+    vals = [int(c) for c in candidates if c]
+    m = min(vals) if vals else 512
+    # RoBERTa-style models reserve two positions for the padding offset
+    if getattr(model.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and m > 512:
+        m -= 2
+    return m
+
+
+def set_threads(n: int | None) -> None:
+    """Pin torch's intra-op threads (the machine's cores by default)."""
+    torch.set_num_threads(n or os.cpu_count() or 1)

@@ -1,0 +1,155 @@
+"""Extraction: texts in, committed shards out; only cache misses are encoded.
+
+The job's unique texts are cut into fixed **parts** (in order of character
+length, so each part is length-homogeneous) before anything is looked up.
+Part ``p`` of job ``j`` is always written as shard ``j-p``: a re-run after a
+crash skips parts already committed and rewrites the others under the same
+names, so nothing is stored twice.
+
+Example::
+
+    summary = extract(texts, store, encoder, job_id="cli-1")
+    summary.cache_hits, summary.texts_encoded
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from cache.shard import ShardContents, TokenRows
+from cache.store import FeatureStore
+
+from .batching import token_budget_batches
+from .encoder import Encoded, Encoder
+
+__all__ = ["extract", "ExtractSummary", "Progress", "Stopped"]
+
+
+class Stopped(Exception):
+    """The job was cancelled or lost its lease; committed parts stay valid."""
+
+
+@dataclass
+class Progress:
+    done: int
+    total: int
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.done == 0 or self.seconds <= 0:
+            return None
+        return (self.total - self.done) * self.seconds / self.done
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"done": self.done, "total": self.total, "tokens": self.tokens,
+                "tokens_per_second": round(self.tokens_per_second, 1),
+                "eta_seconds": None if self.eta_seconds is None else round(self.eta_seconds, 1)}
+
+
+@dataclass
+class ExtractSummary:
+    texts: int = 0
+    unique_texts: int = 0
+    cache_hits: int = 0
+    texts_encoded: int = 0
+    tokens_encoded: int = 0
+    truncated: int = 0
+    bytes_written: int = 0
+    shards_written: int = 0
+    seconds: float = 0.0
+    keys: list[str] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, int | float]:
+        d = asdict(self)
+        d.pop("keys")
+        return d
+
+
+def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
+            want_tokens: bool = False, part_size: int = 2048, max_tokens: int = 16384,
+            progress: Callable[[Progress], None] | None = None,
+            should_continue: Callable[[], bool] | None = None) -> ExtractSummary:
+    """Encode the texts not yet stored for this encoder and config; commit shards."""
+    t0 = time.perf_counter()
+    fp, cfg = encoder.fingerprint, encoder.config
+    keys = [store.key(fp, cfg, t) for t in texts]
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    uniq = sorted(first, key=lambda k: (len(texts[first[k]]), k))
+    summary = ExtractSummary(texts=len(texts), unique_texts=len(uniq), keys=keys)
+    stored = store.lookup(uniq, need_tokens=want_tokens)
+    summary.cache_hits = len(stored)
+    todo_total = len(uniq) - len(stored)
+    prog = Progress(0, todo_total, 0, 0.0)
+    if progress:
+        progress(prog)
+    for p, start in enumerate(range(0, len(uniq), part_size)):
+        part = uniq[start : start + part_size]
+        misses = [k for k in part if k not in stored]
+        if not misses:
+            continue
+        name = f"{job_id}-{p:05d}"
+        if store.is_committed(name):
+            # a previous attempt of this job committed this part already
+            prog.done += len(misses)
+            continue
+        if should_continue is not None and not should_continue():
+            raise Stopped(f"job {job_id} stopped after {prog.done} of {todo_total} texts")
+        part_texts = [texts[first[k]] for k in misses]
+        encoded = _encode_part(encoder, part_texts, want_tokens, max_tokens, prog, t0,
+                               progress, should_continue)
+        contents = ShardContents(misses, encoded.n_tokens, encoded.truncated, encoded.pooled,
+                                 encoded.tokens)
+        summary.bytes_written += store.write(name, contents, model=fp, config=cfg)
+        summary.shards_written += 1
+        summary.texts_encoded += len(misses)
+        summary.tokens_encoded += int(encoded.n_tokens.sum())
+        summary.truncated += int(encoded.truncated.sum())
+    summary.seconds = time.perf_counter() - t0
+    # count truncation among hits too: the summary describes the whole input
+    if summary.cache_hits:
+        summary.truncated += sum(1 for e in stored.values() if e.truncated)
+    return summary
+
+
+def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_tokens: int,
+                 prog: Progress, t0: float, progress: Callable[[Progress], None] | None,
+                 should_continue: Callable[[], bool] | None) -> Encoded:
+    """Encode one part in token-budget batches; results in the order of ``texts``."""
+    tok = encoder.tokenize(texts, want_offsets=want_tokens)
+    n = len(texts)
+    pooled: dict[str, np.ndarray] = {}
+    tokens: list[TokenRows | None] = [None] * n
+    for batch_idx in token_budget_batches(tok.lengths, max_tokens):
+        if should_continue is not None and not should_continue():
+            raise Stopped("stopped between batches")
+        sub = type(tok)([tok.input_ids[i] for i in batch_idx], [tok.truncated[i] for i in batch_idx],
+                        None if tok.offsets is None else [tok.offsets[i] for i in batch_idx],
+                        None if tok.word_ids is None else [tok.word_ids[i] for i in batch_idx])
+        out = encoder.encode(sub, want_tokens=want_tokens)
+        for name, arr in out.pooled.items():
+            if name not in pooled:
+                pooled[name] = np.empty((n,) + arr.shape[1:], dtype=np.float32)
+            pooled[name][batch_idx] = arr
+        if out.tokens is not None:
+            for j, i in enumerate(batch_idx):
+                tokens[i] = out.tokens[j]
+        prog.done += len(batch_idx)
+        prog.tokens += int(sum(sub.lengths))
+        prog.seconds = time.perf_counter() - t0
+        if progress:
+            progress(prog)
+    return Encoded(pooled, np.asarray(tok.lengths, dtype=np.int32),
+                   np.asarray(tok.truncated, dtype=bool),
+                   [t for t in tokens if t is not None] if want_tokens else None)

@@ -1,0 +1,119 @@
+"""In-process extraction for the command line and notebooks: one encoder, one
+store, the data directory held for the duration.
+
+Example::
+
+    with LocalExtractor.open("layerbank-data") as ex:
+        ex.extract(texts, job_id="nb-1")
+        X = ex.features(texts, parse_view("layer:-2"), "mean", job_id="nb-2")
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from cache.lock import DataDirBusy, DataDirLock
+from cache.store import FeatureStore
+from cache.views import View
+
+from .encoder import Encoder, ModelLoadError, set_threads
+from .extract import ExtractSummary, Progress, extract
+
+__all__ = ["LocalExtractor", "ModelLoadError"]
+
+
+class LocalExtractor:
+    def __init__(self, store: FeatureStore, encoder: Encoder, lock: DataDirLock) -> None:
+        self.store = store
+        self.encoder = encoder
+        self._lock = lock
+
+    @classmethod
+    def open(cls, data_dir: Any, *, model: str | None = None, device: str = "auto",
+             precision: str = "default", max_length: int | None = None,
+             storage_dtype: str = "float16", threads: int | None = None) -> "LocalExtractor":
+        lock = DataDirLock(data_dir)
+        try:
+            lock.acquire()
+        except DataDirBusy as e:
+            raise RuntimeError(f"{e} (while a server runs, send work to its API)") from None
+        try:
+            set_threads(threads)
+            encoder = Encoder.load(model, device=device, precision=precision, max_length=max_length,
+                                   storage_dtype=storage_dtype)
+            store = FeatureStore(data_dir, clean=True)
+            store.catalog.register_model(encoder.fingerprint, encoder.name,
+                                         {**encoder.info, "config": encoder.config.canonical()})
+        except BaseException:
+            lock.release()
+            raise
+        return cls(store, encoder, lock)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.encoder.info.get("name", self.encoder.name))
+
+    def extract(self, texts: Sequence[str], *, job_id: str, want_tokens: bool = False,
+                progress_bar: bool = False, max_tokens: int = 16384, part_size: int = 2048,
+                backend: str = "embedded", ray_address: str | None = None) -> ExtractSummary:
+        if backend == "ray":
+            from .ray_backend import extract_with_ray  # optional extra
+
+            return extract_with_ray(texts, self.store, self.encoder, job_id=job_id,
+                                    want_tokens=want_tokens, address=ray_address,
+                                    part_size=part_size, max_tokens=max_tokens)
+        bar = _Bar() if progress_bar else None
+        try:
+            return extract(texts, self.store, self.encoder, job_id=job_id, want_tokens=want_tokens,
+                           part_size=part_size, max_tokens=max_tokens,
+                           progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
+
+    def features(self, texts: Sequence[str], view: View, pooling: str, *, job_id: str) -> np.ndarray:
+        """The view's matrix in input order, extracting misses first."""
+        h = self.encoder.info["n_hidden_states"]
+        view.needed_layers(h)  # fail on a bad layer before any encoding
+        summary = self.extract(texts, job_id=job_id)
+        res = self.store.read_view(summary.keys, view, pooling, h)
+        if not res.found.all():  # a shard was quarantined under us: recompute once
+            self.extract(texts, job_id=job_id + "-retry")
+            res = self.store.read_view(summary.keys, view, pooling, h)
+        if not res.found.all():
+            raise RuntimeError(f"{int((~res.found).sum())} texts could not be read back")
+        return res.data
+
+    def close(self) -> None:
+        self.store.close()
+        self._lock.release()
+
+    def __enter__(self) -> "LocalExtractor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Bar:
+    """A tqdm bar showing texts, tokens per second and ETA (on stderr)."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.bar: Any = None
+
+    def update(self, p: Progress) -> None:
+        if self.bar is None:
+            self.bar = self._tqdm(total=p.total, unit="text", file=sys.stderr, dynamic_ncols=True)
+        self.bar.n = p.done
+        self.bar.set_postfix_str(f"{p.tokens_per_second:,.0f} tok/s", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
