@@ -30,12 +30,12 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "Entity",
+    "SpanScores",
     "TagSchemeError",
     "TypeScores",
-    "SpanScores",
-    "is_bio_tag",
     "check_bio",
     "extract_entities",
+    "is_bio_tag",
     "span_scores",
     "word_accuracy",
 ]

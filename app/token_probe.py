@@ -53,7 +53,7 @@ from sklearn.preprocessing import StandardScaler
 from app.spans import check_bio, span_scores, word_accuracy
 from cache.views import View, parse_view
 
-__all__ = ["WordStates", "WordStatesLike", "run_token_probe", "control_tags", "expand_views"]
+__all__ = ["WordStates", "WordStatesLike", "control_tags", "expand_views", "run_token_probe"]
 
 UNCOVERED_TAG = "O"
 
@@ -127,9 +127,7 @@ def expand_views(views: Sequence[str], n_hidden_states: int) -> list[tuple[str, 
     return out
 
 
-def control_tags(
-    words: Sequence[str], tag_counts: dict[str, int] | Counter[str], seed: int
-) -> np.ndarray:
+def control_tags(words: Sequence[str], tag_counts: dict[str, int] | Counter[str], seed: int) -> np.ndarray:
     """Control-task tag of each word: a fixed draw per word type.
 
     The tag is drawn from ``tag_counts`` (normalised) with a uniform number
@@ -157,6 +155,11 @@ def control_tags(
 def _fit_predict(
     x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, *, seed: int, max_iter: int, c: float
 ) -> tuple[np.ndarray, float, bool]:
+    classes = np.unique(y_train)
+    if classes.size == 1:
+        # What the head would learn anyway; LogisticRegression refuses one class
+        # (possible for control tags of a tiny vocabulary).
+        return np.full(x_valid.shape[0], classes[0], dtype=object), 0.0, True
     head = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)

@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "WORDSET_FORMATS",
     "TaggedSentence",
     "WordSetError",
-    "WORDSET_FORMATS",
+    "format_conll",
     "parse_conll",
     "parse_json",
     "parse_jsonl",
     "parse_wordset",
     "read_wordset",
-    "format_conll",
 ]
 
 WORDSET_FORMATS = ("conll", "json", "jsonl")
@@ -73,15 +73,13 @@ class TaggedSentence:
 
 def _decode(data: bytes | str, source: str | None) -> str:
     if isinstance(data, str):
-        return data
+        return data.removeprefix("\ufeff")  # as utf-8-sig does for bytes
     try:
         # utf-8-sig: a byte-order mark written by some editors is not a word.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise WordSetError(
-            f"not UTF-8: byte 0x{data[e.start]:02x} cannot be decoded", line, source
-        ) from None
+        raise WordSetError(f"not UTF-8: byte 0x{data[e.start]:02x} cannot be decoded", line, source) from None
 
 
 def _lines(text: str) -> Iterable[tuple[int, str]]:
@@ -101,9 +99,7 @@ def _check_token(kind: str, value: Any, index: int, line: int, source: str | Non
     return value
 
 
-def parse_conll(
-    data: bytes | str, *, tag_column: int = 1, source: str | None = None
-) -> list[TaggedSentence]:
+def parse_conll(data: bytes | str, *, tag_column: int = 1, source: str | None = None) -> list[TaggedSentence]:
     """Parse CoNLL column text (see module docstring); ``source`` names the file in errors."""
     if isinstance(tag_column, bool) or not isinstance(tag_column, int) or tag_column == 0:
         raise ValueError(f"tag_column must be a non-zero integer (column 0 is the word), got {tag_column!r}")
@@ -227,9 +223,7 @@ def parse_wordset(
     raise ValueError(f"unknown word set format {fmt!r}; expected one of {', '.join(WORDSET_FORMATS)}")
 
 
-def read_wordset(
-    path: str | Path, fmt: str | None = None, *, tag_column: int = 1
-) -> list[TaggedSentence]:
+def read_wordset(path: str | Path, fmt: str | None = None, *, tag_column: int = 1) -> list[TaggedSentence]:
     """Read a word set file; ``fmt`` defaults from the suffix (.json, .jsonl, else conll)."""
     p = Path(path)
     if fmt is None:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["join_words", "align_tokens_to_words", "word_vectors", "WORD_MODES"]
+__all__ = ["WORD_MODES", "align_tokens_to_words", "join_words", "word_vectors"]
 
 WORD_MODES = ("first", "mean")
 
@@ -53,12 +53,13 @@ def join_words(words: Sequence[str]) -> tuple[str, np.ndarray]:
     """
     if isinstance(words, str):
         # A bare string would be joined letter by letter: almost surely a bug.
-        raise ValueError("words must be a sequence of strings, not one string")
+        # ValueError, not TypeError: callers map bad user input to one error kind.
+        raise ValueError("words must be a sequence of strings, not one string")  # noqa: TRY004
     spans = np.zeros((len(words), 2), dtype=np.int32)
     pos = 0
     for i, word in enumerate(words):
         if not isinstance(word, str):
-            raise ValueError(f"word {i} is {type(word).__name__}, expected a string")
+            raise ValueError(f"word {i} is {type(word).__name__}, expected a string")  # noqa: TRY004
         if not word:
             raise ValueError(f"word {i} is empty; every word needs at least one character")
         if any(ch.isspace() for ch in word):
@@ -78,9 +79,7 @@ def _as_spans(spans: np.ndarray, what: str) -> np.ndarray:
     bad = np.flatnonzero((arr[:, 0] < 0) | (arr[:, 1] < arr[:, 0]))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(
-            f"{what}[{i}] = {arr[i].tolist()}: need 0 <= start <= end"
-        )
+        raise ValueError(f"{what}[{i}] = {arr[i].tolist()}: need 0 <= start <= end")
     return arr
 
 
@@ -139,14 +138,11 @@ def word_vectors(
         raise ValueError(f"unknown word mode {mode!r}; expected one of {', '.join(WORD_MODES)}")
     states = np.asarray(token_states)
     if states.ndim not in (2, 3):
-        raise ValueError(
-            f"token_states must be [n_tokens, d] or [n_tokens, H, d], got {list(states.shape)}"
-        )
+        raise ValueError(f"token_states must be [n_tokens, d] or [n_tokens, H, d], got {list(states.shape)}")
     tw = np.asarray(token_word)
     if tw.ndim != 1 or tw.shape[0] != states.shape[0]:
         raise ValueError(
-            f"token_word must have one entry per token ({states.shape[0]}), "
-            f"got shape {list(tw.shape)}"
+            f"token_word must have one entry per token ({states.shape[0]}), got shape {list(tw.shape)}"
         )
     if tw.size and not np.issubdtype(tw.dtype, np.integer):
         raise ValueError(f"token_word must be integers, got dtype {tw.dtype}")

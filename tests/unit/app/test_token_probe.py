@@ -58,8 +58,9 @@ def test_the_layer_carrying_the_tag_wins_and_the_control_task_stays_near_chance(
         if name != f"layer:{CARRIER}":
             assert row["f1"] < 0.3, row
     # Chance for the control task is predicting its most frequent tag.
-    valid_control = control_tags([w for s in valid.words for w in s],
-                                 Counter(t for s in train.tags for t in s), seed=0)
+    valid_control = control_tags(
+        [w for s in valid.words for w in s], Counter(t for s in train.tags for t in s), seed=0
+    )
     chance = max(Counter(valid_control).values()) / len(valid_control)
     for row in rows.values():
         assert row["control_accuracy"] <= chance + 0.1, row
@@ -112,8 +113,12 @@ def test_uncovered_words_are_counted_and_scored_as_o():
 
 def test_non_bio_tags_need_span_f1_off(splits):
     train, valid = splits
-    pos_train = WordStates(train.states, train.words, [["NN" if t == "O" else "VB" for t in s] for s in train.tags])
-    pos_valid = WordStates(valid.states, valid.words, [["NN" if t == "O" else "VB" for t in s] for s in valid.tags])
+    pos_train = WordStates(
+        train.states, train.words, [["NN" if t == "O" else "VB" for t in s] for s in train.tags]
+    )
+    pos_valid = WordStates(
+        valid.states, valid.words, [["NN" if t == "O" else "VB" for t in s] for s in valid.tags]
+    )
     with pytest.raises(TagSchemeError, match=r"train sentence 0, word 0: tag '(NN|VB)'"):
         run_token_probe(pos_train, pos_valid, views=["layer:0"])
     result = run_token_probe(pos_train, pos_valid, views=["each_layer"], span_f1=False, control_task=False)
@@ -137,8 +142,15 @@ def test_inconsistent_inputs_are_refused(splits, change, message):
         run_token_probe(train, valid, views=["layer:0"])
 
 
-@pytest.mark.parametrize("views, message", [(["scalar_mix"], "scalar_mix"), (["layer:9"], "does not exist"),
-                                            (["pooled"], "unknown view"), ([], "no views")])
+@pytest.mark.parametrize(
+    "views, message",
+    [
+        (["scalar_mix"], "scalar_mix"),
+        (["layer:9"], "does not exist"),
+        (["pooled"], "unknown view"),
+        ([], "no views"),
+    ],
+)
 def test_bad_views_are_refused(splits, views, message):
     with pytest.raises(ValueError, match=message):
         run_token_probe(*splits, views=views)
@@ -175,3 +187,11 @@ def test_control_task_is_learned_where_states_identify_the_word():
     noise, identity = result["rows"]
     assert identity["control_accuracy"] > 0.9
     assert noise["control_accuracy"] < 0.7
+
+
+def test_a_single_control_tag_is_predicted_without_fitting(splits):
+    train, valid = splits
+    one_word = WordStates(train.states, [["same"] * len(s) for s in train.words], train.tags)
+    result = run_token_probe(one_word, valid, views=[f"layer:{CARRIER}"])
+    row = result["rows"][0]
+    assert row["f1"] > 0.95 and row["control_fit_seconds"] == 0.0

@@ -77,22 +77,50 @@ def error_of(call):
         (parse_conll, "EU B-ORG 0\n\n\nx O 0\n\xff O 0\n".encode("latin-1"), 5, "not UTF-8"),
         (parse_conll, "\n\n-DOCSTART- O\n", None, "no sentences"),
         # JSON: errors name the line where the sentence's object starts
-        (parse_json, '[\n {"words": ["a"], "tags": ["O"]},\n {"words": ["a", "b"], "tags": ["O"]}\n]',
-         3, "2 words but 1 tags"),
-        (parse_json, '[\n {"words": ["a"], "tags": ["O"]},\n\n {"words": [], "tags": []}]', 4, "empty sentence"),
-        (parse_json, '[{"words": ["a"], "tags": ["O"]},\n {"words": ["New York"], "tags": ["B-LOC"]}]',
-         2, "word 0 ('New York') contains whitespace"),
+        (
+            parse_json,
+            '[\n {"words": ["a"], "tags": ["O"]},\n {"words": ["a", "b"], "tags": ["O"]}\n]',
+            3,
+            "2 words but 1 tags",
+        ),
+        (
+            parse_json,
+            '[\n {"words": ["a"], "tags": ["O"]},\n\n {"words": [], "tags": []}]',
+            4,
+            "empty sentence",
+        ),
+        (
+            parse_json,
+            '[{"words": ["a"], "tags": ["O"]},\n {"words": ["New York"], "tags": ["B-LOC"]}]',
+            2,
+            "word 0 ('New York') contains whitespace",
+        ),
         (parse_json, '[{"words": ["a"], "tags": ["O"]},\n {"words": ["a"]}]', 2, "expected an object"),
-        (parse_json, '[{"words": ["a"], "tags": ["O"]}\n\n {"words": ["a"], "tags": ["O"]}]', 3, "expected ','"),
+        (
+            parse_json,
+            '[{"words": ["a"], "tags": ["O"]}\n\n {"words": ["a"], "tags": ["O"]}]',
+            3,
+            "expected ','",
+        ),
         (parse_json, '[{"words": ["a"],\n "tags": ["O"}]', 2, "invalid JSON"),
         (parse_json, '{"words": ["a"], "tags": ["O"]}', 1, "expected a JSON list"),
         (parse_json, '[{"words": ["a"], "tags": ["O"]}]\n[]', 1, "extra data"),
         (parse_json, '[\n{"words": ["caf\xe9"], "tags": ["O"]}]'.encode("latin-1"), 2, "not UTF-8"),
         (parse_json, "[]", None, "no sentences"),
         # JSONL
-        (parse_jsonl, '{"words": ["a"], "tags": ["O"]}\n{"words": ["a"], "tags": ["O", "O"]}', 2, "1 words but 2 tags"),
+        (
+            parse_jsonl,
+            '{"words": ["a"], "tags": ["O"]}\n{"words": ["a"], "tags": ["O", "O"]}',
+            2,
+            "1 words but 2 tags",
+        ),
         (parse_jsonl, '\n{"words": [], "tags": []}\n', 2, "empty sentence"),
-        (parse_jsonl, '{"words": ["a"], "tags": ["O"]}\n{"words": ["a\\u00a0b"], "tags": ["O"]}', 2, "whitespace"),
+        (
+            parse_jsonl,
+            '{"words": ["a"], "tags": ["O"]}\n{"words": ["a\\u00a0b"], "tags": ["O"]}',
+            2,
+            "whitespace",
+        ),
         (parse_jsonl, '{"words": ["a"], "tags": ["O"]}\n{"words": ["a"], "tags": [1]}', 2, "tag 0 is int"),
         (parse_jsonl, '{"words": ["a"], "tags": ["O"]}\n\n{"words": ["a"], "tags": ["O"]', 3, "invalid JSON"),
         (parse_jsonl, '{"words": "a", "tags": ["O"]}', 1, '"words" must be a list'),
@@ -104,7 +132,7 @@ def test_errors_name_the_line(parse, data, line, message):
     assert isinstance(err, ValueError)
     assert err.line == line
     assert message in str(err)
-    assert str(err).startswith("set.txt, line %d: " % line if line else "set.txt: ")
+    assert str(err).startswith(f"set.txt, line {line}: " if line else "set.txt: ")
 
 
 def test_conll_tag_column_must_exist_and_not_be_the_word():
@@ -126,8 +154,11 @@ def sentences(draw):
     out = []
     for _ in range(draw(st.integers(1, 5))):
         n = draw(st.integers(1, 6))
-        out.append(TaggedSentence(draw(st.lists(WORD, min_size=n, max_size=n)),
-                                  draw(st.lists(TAG, min_size=n, max_size=n))))
+        out.append(
+            TaggedSentence(
+                draw(st.lists(WORD, min_size=n, max_size=n)), draw(st.lists(TAG, min_size=n, max_size=n))
+            )
+        )
     return out
 
 
@@ -144,11 +175,20 @@ def test_real_conll2003_valid_set():
     data = read_wordset(CONLL2003 / "valid.txt")
     assert len(data) == 3250
     assert sum(len(s.words) for s in data) == 51362
-    assert data[0] == TaggedSentence(("CRICKET", "-", "LEICESTERSHIRE", "TAKE", "OVER", "AT", "TOP",
-                                      "AFTER", "INNINGS", "VICTORY", "."),
-                                     ("O", "O", "B-ORG", "O", "O", "O", "O", "O", "O", "O", "O"))
+    assert data[0] == TaggedSentence(
+        ("CRICKET", "-", "LEICESTERSHIRE", "TAKE", "OVER", "AT", "TOP", "AFTER", "INNINGS", "VICTORY", "."),
+        ("O", "O", "B-ORG", "O", "O", "O", "O", "O", "O", "O", "O"),
+    )
     assert {t for s in data for t in s.tags} == {
-        "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"
+        "O",
+        "B-PER",
+        "I-PER",
+        "B-LOC",
+        "I-LOC",
+        "B-ORG",
+        "I-ORG",
+        "B-MISC",
+        "I-MISC",
     }
 
 

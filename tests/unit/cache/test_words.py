@@ -65,7 +65,7 @@ def test_alignment_groups_subwords_and_punctuation_by_user_word(tokenizer):
 
 def test_alignment_of_non_ascii_words(tokenizer):
     words = ["Müller", "flew", "to", "São", "Paulo", "and", "東京"]
-    _, tokens, char_spans, token_word = encode(tokenizer, words)
+    _, tokens, _, token_word = encode(tokenizer, words)
     grouped = words_of_tokens(tokens, token_word, len(words))
     # The uncased tokenizer strips accents; offsets still point into the original text.
     assert grouped[0] == ["muller"] and grouped[3] == ["sao"]
@@ -80,8 +80,22 @@ def test_first_and_mean_vectors_equal_hand_picked_rows(tokenizer):
     n_tokens, h, d = len(tokens), 3, 5
     states = rng.normal(size=(n_tokens, h, d)).astype(np.float16)
     # Rows by hand from the tokens: [CLS] muller un ##bel ##ie ##va ##bly u . s . 東 京 [SEP]
-    assert tokens == ["[CLS]", "muller", "un", "##bel", "##ie", "##va", "##bly",
-                      "u", ".", "s", ".", "東", "京", "[SEP]"]
+    assert tokens == [
+        "[CLS]",
+        "muller",
+        "un",
+        "##bel",
+        "##ie",
+        "##va",
+        "##bly",
+        "u",
+        ".",
+        "s",
+        ".",
+        "東",
+        "京",
+        "[SEP]",
+    ]
     rows = [[1], [2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12]]
 
     first, covered = word_vectors(states, token_word, len(words), "first")
