@@ -1,0 +1,79 @@
+"""Shared fixtures: a tiny random BERT encoder and an empty feature store.
+
+Unit tests never load real weights: ``tiny_model_dir`` builds a 2-layer,
+32-wide random ``BertModel`` in-process (seeded, so every run sees the same
+numbers) and saves it next to the bundled model's real tokenizer, so that
+tokenization, offsets and word ids are realistic while a forward pass costs
+microseconds. Integration tests (tests/integration/) use the bundled model
+itself via ``cache.fingerprint.default_model_path()``.
+
+Fixtures
+--------
+``tiny_model_dir`` (session)
+    Path (str) of a directory that ``transformers.AutoModel`` /
+    ``AutoTokenizer`` and ``workers.encoder.Encoder.load`` accept: 2 layers
+    (so 3 hidden states h_0..h_2), hidden size 32, max 64 positions.
+``tiny_encoder`` (function)
+    ``Encoder.load(tiny_model_dir, device="cpu")``: a fresh encoder per test,
+    so its ``calls`` counter starts at 0. Loading takes ~0.1 s.
+``store`` (function)
+    ``FeatureStore(tmp_path / "data")``, closed after the test.
+
+Example::
+
+    def test_something(tiny_encoder, store):
+        summary = extract(["a text"], store, tiny_encoder, job_id="t")
+        assert tiny_encoder.calls == 1
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+TINY_LAYERS = 2
+TINY_HIDDEN = 32
+TINY_MAX_POSITIONS = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A saved tiny random BertModel with the bundled model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from cache.fingerprint import default_model_path
+
+    # the machine is shared: a tiny model gains nothing from many threads
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    tok = AutoTokenizer.from_pretrained(default_model_path(), use_fast=True)
+    config = BertConfig(hidden_size=TINY_HIDDEN, num_hidden_layers=TINY_LAYERS,
+                        num_attention_heads=2, intermediate_size=37, vocab_size=len(tok),
+                        max_position_embeddings=TINY_MAX_POSITIONS)
+    torch.manual_seed(0)
+    model = BertModel(config).eval()
+    out = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return os.fspath(out)
+
+
+@pytest.fixture
+def tiny_encoder(tiny_model_dir: str):  # type: ignore[no-untyped-def]
+    """A fresh ``workers.encoder.Encoder`` on the tiny model, on the CPU."""
+    from workers.encoder import Encoder
+
+    return Encoder.load(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator["object"]:
+    """An empty ``cache.store.FeatureStore`` under the test's tmp directory."""
+    from cache.store import FeatureStore
+
+    s = FeatureStore(tmp_path / "data")
+    yield s
+    s.close()
