@@ -103,8 +103,17 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
             rows.append((i, text, obj.get(label_column) if label_column else None))
     else:
         if fmt == "csv":
-            reader = csv.reader(io.StringIO("\n".join(lines)))
-            table = [(r, i) for i, r in enumerate(reader, start=1)]
+            # parse the decoded text itself, not the split lines: a quoted field may
+            # hold "\r\n", which must reach the key unchanged (texts are hashed as given)
+            reader = csv.reader(io.StringIO(data.decode("utf-8").removeprefix("\ufeff"), newline=""))
+            table: list[tuple[list[str], int]] = []
+            start = 1  # a record spanning lines is reported by its first line
+            try:
+                for r in reader:
+                    table.append((r, start))
+                    start = reader.line_num + 1
+            except csv.Error as e:  # e.g. a field past csv's size limit
+                raise InputError(f"line {start}: {e}") from None
         else:
             table = [(line.split("\t"), i) for i, line in enumerate(lines, start=1)]
         if not table:
@@ -118,7 +127,7 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
         lc = _column(columns, label_column, "label", default_first=False)
         assert tc is not None
         for cells, i in table:
-            if len(cells) == 1 and not cells[0].strip():
+            if len(cells) <= 1 and not "".join(cells).strip():  # csv gives [] for a blank line
                 rows.append((i, "", None))
                 continue
             if len(cells) != len(columns):

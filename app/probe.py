@@ -34,16 +34,18 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from threadpoolctl import threadpool_limits
 
-from app.heads import ProbeInputError, make_head, quiet_fit
+from app.heads import ProbeInputError, make_head
 from app.scalar_mix import ScalarMixHead, weighted_view_spec
 from cache.views import View, ViewError, parse_view
 
@@ -111,6 +113,18 @@ def _single_layer(spec: str, n_states: int) -> int | None:
         return None
     v = parse_view(spec)
     return v.layers[0] % n_states if v.kind == "concat" and len(v.layers) == 1 else None
+
+
+def quiet_fit(head: Any, X: np.ndarray, y: np.ndarray) -> tuple[Any, list[str]]:
+    """Fit ``head``; return it and its convergence warnings as text (reported
+    once per (view, pooling) in the result instead of once per fold)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        head.fit(X, y)
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return head, [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
 
 
 def _summary(values: list[float]) -> dict[str, Any]:

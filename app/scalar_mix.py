@@ -4,29 +4,38 @@ One vector per text is mixed from all hidden states ``h_0 .. h_L``::
 
     mix = gamma * sum_i softmax(s)_i * z_i,    z_i = (h_i - mean_i) / scale_i
 
-and a linear softmax classifier reads ``mix``. ``s``, ``gamma`` and the
-classifier are fitted together on cached features ``X[n, H, d]`` by
-minimizing one objective::
+and a linear softmax classifier ``W, b`` reads ``mix``. ``s``, ``gamma``
+and the classifier are fitted together on cached features ``X[n, H, d]``
+(numpy + scipy, no torch) by minimizing one objective::
 
-    mean cross-entropy + l2/2 * (||W||^2 + gamma^2) + 1e-3/2 * ||s||^2
+    mean cross-entropy + l2/2 * (||W||^2 + gamma^2) + (mix_prior / n)/2 * ||s||^2
 
-Each layer is scaled by one number (its RMS after centering), not per
-feature, so that the mix stays a weighted sum of the *stored* states: the
+Scaling. Each layer is divided by one number (its RMS after centering), not
+per feature, so the mix stays a weighted sum of the *stored* states: the
 view ``weighted:w_0,...,w_L`` with ``w_i = gamma * softmax(s)_i / scale_i``
-(``view_weights_``) gives the mixed vector up to a constant shift. This is
-the learned layer weighting in the form the feature API reads.
-``layer_weights_`` (``softmax(s)``, sums to 1) is the one to read as "how
-much each layer contributes", because the scales are divided out.
+(``view_weights_``, ``weighted_view_spec``) gives the mixed vector up to a
+constant shift. ``layer_weights_ = softmax(s)`` (sums to 1) is the one to
+read as "how much each layer contributes", since layer scales are divided
+out. Per-layer scales differ a lot between layers; per-feature ones rarely
+matter for pooled states (measured on MiniLM: same accuracy either way).
 
-gamma and W only act through their product, so penalizing both picks the
-balanced split (gamma^2 = ||W||); predictions do not depend on that choice.
+Regularization. gamma and W act only through their product, so penalizing
+both selects the balanced split (gamma^2 = ||W||) and amounts to a penalty
+``l2 * ||gamma W||`` on the effective weights. ``l2`` is not a knob: ``C_``
+is chosen by inner CV (``app.logistic.fit_logistic_cv``, training rows
+only) for a logistic regression on the uniform mix, and ``l2`` is set so
+that this fit is exactly the optimum of the objective at the uniform mix.
+Fitting starts there. The last term pulls the mix towards uniform with the
+weight of ``mix_prior`` examples (10 by default): without it the training
+loss alone let the mix lock onto one layer and lose accuracy on held-out
+folds (SST-2, MiniLM, cls pooling: 0.69 with a negligible prior against
+0.74 with this one, the best single layer being 0.75).
 
 Fitting alternates two exact minimizations of the objective (block
-coordinate descent): W and the intercept with scikit-learn's lbfgs logistic
-regression on the current mix, then ``s``, gamma and the intercept with
-scipy's L-BFGS on per-layer logits ``z_i @ W`` (an [H, n, K] array, cheap).
-Both steps lower the same objective, so it converges; it needs two passes
-over ``X`` per round instead of two per gradient step.
+coordinate descent): ``s``, gamma and the intercept by L-BFGS on per-layer
+logits ``z_i @ W.T`` (an [n, H, K] array, cheap), then W and the intercept
+by lbfgs logistic regression on the new mix. Both lower the same objective,
+so it converges; a round costs two passes over ``X``.
 
 Example::
 
@@ -34,7 +43,7 @@ Example::
     >>> head.layer_weights_.round(2)
     array([0.02, 0.03, 0.05, 0.1 , 0.2 , 0.6 ])
     >>> weighted_view_spec(head)
-    'weighted:0.0012,...'
+    'weighted:0.00121,...'
 """
 
 from __future__ import annotations
@@ -43,18 +52,14 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
-from sklearn import config_context
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.linear_model import LogisticRegression
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from app.heads import softmax_decision
+from app.logistic import fit_logistic, fit_logistic_cv
 
 __all__ = ["ScalarMixHead", "weighted_view_spec"]
-
-_S_L2 = 1e-3  # keeps softmax logits finite when a layer carries nothing
-
 
 def _as_states(X: np.ndarray) -> np.ndarray:
     """[n, d] is read as one hidden state; [n, H, d] as H of them."""
@@ -70,6 +75,11 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def _mix(s: np.ndarray, Z: np.ndarray) -> np.ndarray:
+    """sum_i softmax(s)_i Z[:, i] -> [n, d]."""
+    return np.tensordot(Z, _softmax(s), axes=(1, 0))
+
+
 def _cross_entropy(decision: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     """Mean cross-entropy and its gradient w.r.t. decision [n, 1 or K]."""
     p = softmax_decision(decision)
@@ -82,25 +92,58 @@ def _cross_entropy(decision: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarr
     return float(loss), (g[:, 1:] if decision.shape[1] == 1 else g)
 
 
+def _fit_mix(per_layer: np.ndarray, y: np.ndarray, s: np.ndarray, gamma: float, b: np.ndarray,
+             l2: float, s_l2: float) -> tuple[np.ndarray, float, np.ndarray]:
+    """Minimize the objective over (s, gamma, intercept) with W fixed.
+
+    ``per_layer[n, i, :] = z_i[n] @ W.T``, each layer's logits before mixing;
+    terms that depend on W alone are left out.
+    """
+    h = len(s)
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        s_, g_, b_ = theta[:h], theta[h], theta[h + 1:]
+        a = _softmax(s_)
+        mixed = np.einsum("i,nik->nk", a, per_layer)
+        loss, grad = _cross_entropy(g_ * mixed + b_, y)
+        da = g_ * np.einsum("nk,nik->i", grad, per_layer)
+        ds = a * (da - a @ da) + s_l2 * s_
+        dg = float((grad * mixed).sum()) + l2 * g_
+        value = loss + 0.5 * l2 * g_ ** 2 + 0.5 * s_l2 * float(s_ @ s_)
+        return value, np.concatenate([ds, [dg], grad.sum(axis=0)])
+
+    result = minimize(objective, np.concatenate([s, [gamma], b]), jac=True, method="L-BFGS-B",
+                      options={"maxiter": 200})
+    t = result.x
+    return t[:h], float(t[h]), t[h + 1:]
+
+
 class ScalarMixHead(ClassifierMixin, BaseEstimator):
     """Scalar mix of all hidden states + linear softmax classifier.
 
     ``fit(X, y)`` takes ``X`` of shape [n, H, d] (all hidden states of one
-    pooling) or [n, d] (read as H = 1). ``n_features_in_`` is H for 3-D input.
-    Fitted: ``layer_weights_`` [H] (softmax(s)), ``gamma_``, ``view_weights_``
-    [H], ``coef_`` [K or 1, d], ``intercept_``, ``mean_`` [H, d],
-    ``layer_scale_`` [H], ``mix_logits_`` [H] (s), ``n_iter_`` (rounds).
+    pooling) or [n, d] (read as H = 1); ``n_features_in_`` is H for 3-D
+    input. Fitted: ``layer_weights_`` [H] (softmax(s)), ``gamma_``,
+    ``view_weights_`` [H], ``C_``, ``coef_`` [K or 1, d], ``intercept_``,
+    ``mean_`` [H, d], ``layer_scale_`` [H], ``mix_logits_`` [H] (s),
+    ``n_iter_`` (alternation rounds). ``Cs``, ``inner_cv``: as ``LogisticHead``'s;
+    ``mix_prior``: pull towards the uniform mix, in examples.
     """
 
     name = "scalar_mix"
     _arrays = ("classes_", "mean_", "layer_scale_", "mix_logits_", "layer_weights_",
                "view_weights_", "coef_", "intercept_")
-    _scalars = ("gamma_", "n_iter_", "hidden_size_")
+    _scalars = ("gamma_", "C_", "n_iter_", "hidden_size_")
 
-    def __init__(self, l2: float = 1e-2, max_iter: int = 30, tol: float = 1e-5) -> None:
-        self.l2 = l2
+    def __init__(self, Cs: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0), inner_cv: int = 3,
+                 mix_prior: float = 10.0, max_iter: int = 30, tol: float = 1e-6,
+                 random_state: int | None = 0) -> None:
+        self.Cs = Cs
+        self.mix_prior = mix_prior
+        self.inner_cv = inner_cv
         self.max_iter = max_iter
         self.tol = tol
+        self.random_state = random_state
 
     def _restore(self) -> None:
         """Nothing to rebuild after load_head: prediction uses the arrays."""
@@ -109,8 +152,6 @@ class ScalarMixHead(ClassifierMixin, BaseEstimator):
         return (X - self.mean_) / self.layer_scale_[:, None]
 
     def fit(self, X: Any, y: Any) -> ScalarMixHead:
-        if not self.l2 > 0:
-            raise ValueError(f"l2 must be > 0 (gamma and W are only identified by it); got {self.l2}")
         X, y = validate_data(self, X, y, dtype=np.float64, allow_nd=True)
         states = _as_states(X)
         check_classification_targets(y)
@@ -118,61 +159,45 @@ class ScalarMixHead(ClassifierMixin, BaseEstimator):
         if len(self.classes_) < 2:
             raise ValueError(f"a head needs samples of at least 2 classes; got 1 class ({self.classes_[0]!r})")
         n, h, d = states.shape
+        k = len(self.classes_)
         self.hidden_size_ = d
         self.mean_ = states.mean(axis=0)
         rms = np.sqrt(((states - self.mean_) ** 2).mean(axis=(0, 2)))
         self.layer_scale_ = np.where(rms > 1e-12, rms, 1.0)
         Z = self._standardize(states)
 
-        s, gamma = np.zeros(h), 1.0
-        clf = LogisticRegression(C=1.0 / (self.l2 * n), warm_start=True, max_iter=500)
-        previous = np.inf
-        with config_context(assume_finite=True, skip_parameter_validation=True):
-            for rounds in range(1, int(self.max_iter) + 1):
-                # step 1: classifier on the current mix (sklearn's C * sum == mean / (l2 n))
-                clf.fit(gamma * np.einsum("h,nhd->nd", _softmax(s), Z), y_idx)
-                W, b = clf.coef_, clf.intercept_
-                # step 2: mix weights, gamma, intercept with W held fixed
-                per_layer = np.einsum("nhd,kd->hnk", Z, W)
-                s, gamma, b, objective = self._fit_mix(per_layer, y_idx, s, gamma, b, W)
-                # gamma*W is what predicts; rebalance so gamma^2 = ||W|| (lower penalty)
-                w_norm = float(np.linalg.norm(W))
-                if w_norm > 0 and gamma > 0:
-                    new_gamma = np.sqrt(gamma * w_norm)
-                    clf.coef_ = W * (gamma / new_gamma)
-                    gamma = new_gamma
-                clf.intercept_ = b
-                if previous - objective <= self.tol * max(1.0, abs(objective)):
-                    break
-                previous = objective
+        s = np.zeros(h)
+        self.C_, start, _ = fit_logistic_cv(_mix(s, Z), y_idx, k, self.Cs, inner_cv=self.inner_cv,
+                                            random_state=self.random_state)
+        W, b = start[:, :-1], start[:, -1]
+        v_norm = float(np.linalg.norm(W))
+        # l2 * ||V|| has the same optimum as ||V||^2 / (2 C n) when l2 = ||V*|| / (C n)
+        l2 = v_norm / (self.C_ * n) if v_norm > 0 else 1.0 / (self.C_ * n)
+        gamma = np.sqrt(v_norm) if v_norm > 0 else 1.0
+        W = W / gamma
+        s_l2 = float(self.mix_prior) / n
+        previous, rounds = np.inf, 0
+        while v_norm > 0 and rounds < int(self.max_iter):  # v_norm = 0: nothing to mix for
+            rounds += 1
+            s, gamma, b = _fit_mix(Z @ W.T, y_idx, s, gamma, b, l2, s_l2)
+            params, _ = fit_logistic(gamma * _mix(s, Z), y_idx, k, 1.0 / (l2 * n),
+                                     start=np.hstack([W, b[:, None]]))
+            W, b = params[:, :-1], params[:, -1]
+            w_norm = float(np.linalg.norm(W))
+            if w_norm > 0 and gamma > 0:  # rebalance: same product, lower penalty
+                balanced = np.sqrt(gamma * w_norm)
+                gamma, W = balanced, W * (gamma / balanced)
+            loss, _ = _cross_entropy(gamma * _mix(s, Z) @ W.T + b, y_idx)
+            objective = loss + 0.5 * l2 * (float((W ** 2).sum()) + gamma ** 2) + 0.5 * s_l2 * float(s @ s)
+            if previous - objective <= self.tol * max(1.0, abs(objective)):
+                break
+            previous = objective
         self.n_iter_ = rounds
         self.mix_logits_, self.gamma_ = s, float(gamma)
-        self.coef_, self.intercept_ = np.array(clf.coef_), np.array(clf.intercept_)
+        self.coef_, self.intercept_ = W, b
         self.layer_weights_ = _softmax(s)
         self.view_weights_ = self.gamma_ * self.layer_weights_ / self.layer_scale_
         return self
-
-    def _fit_mix(self, per_layer: np.ndarray, y: np.ndarray, s: np.ndarray, gamma: float,
-                 b: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, float]:
-        """Minimize the objective over (s, gamma, intercept) with W fixed."""
-        h = len(s)
-        w_penalty = 0.5 * self.l2 * float((W ** 2).sum())
-
-        def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            s_, g_, b_ = theta[:h], theta[h], theta[h + 1:]
-            a = _softmax(s_)
-            mixed = np.einsum("h,hnk->nk", a, per_layer)
-            loss, grad = _cross_entropy(g_ * mixed + b_, y)
-            da = g_ * np.einsum("nk,hnk->h", grad, per_layer)
-            ds = a * (da - a @ da) + _S_L2 * s_
-            dg = float((grad * mixed).sum()) + self.l2 * g_
-            value = loss + w_penalty + 0.5 * self.l2 * g_ ** 2 + 0.5 * _S_L2 * float(s_ @ s_)
-            return value, np.concatenate([ds, [dg], grad.sum(axis=0)])
-
-        theta0 = np.concatenate([s, [gamma], b])
-        result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": 200})
-        t = result.x
-        return t[:h], float(t[h]), t[h + 1:], float(result.fun)
 
     def _decision(self, X: Any) -> np.ndarray:
         check_is_fitted(self)
@@ -180,14 +205,14 @@ class ScalarMixHead(ClassifierMixin, BaseEstimator):
         states = _as_states(X)
         if states.shape[2] != self.hidden_size_:
             raise ValueError(f"X has hidden size {states.shape[2]}, but this head expects {self.hidden_size_}")
-        mix = self.gamma_ * np.einsum("h,nhd->nd", self.layer_weights_, self._standardize(states))
-        return mix @ self.coef_.T + self.intercept_
+        return self.gamma_ * _mix(self.mix_logits_, self._standardize(states)) @ self.coef_.T + self.intercept_
 
     def predict_proba(self, X: Any) -> np.ndarray:
         return softmax_decision(self._decision(X))
 
     def predict(self, X: Any) -> np.ndarray:
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)  # checks fitted before classes_ is read
+        return self.classes_[np.argmax(proba, axis=1)]
 
 
 def weighted_view_spec(head: ScalarMixHead, digits: int = 6) -> str:

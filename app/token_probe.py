@@ -17,8 +17,12 @@ training words' states and scores it on the validation words:
 
 Views: ``"each_layer"`` expands to ``layer:0 .. layer:L``; any other string
 is a cache.views spec (``layer:-2``, ``concat_last_4``, ``mean_all``,
-``weighted:...``, ``all_layers`` flattened). A learned ``scalar_mix`` is not
-built in here (it needs a joint fit of mixing weights and head).
+``weighted:...``, ``all_layers`` flattened), or ``"scalar_mix"``: a learned
+ELMo mix of all hidden states fitted jointly with the linear head
+(app.scalar_mix.ScalarMixHead, with ``l2 = 1 / (C * n_train)`` so its penalty
+matches the logistic head's ``C``); its row adds ``mix`` = {"layer_weights"
+(softmax, sums to 1), "gamma", "weighted_view" (the ``weighted:...`` spec that
+reproduces the mix up to a shift), "rounds"}; other rows have ``mix`` None.
 
 Words the encoder never saw (cut off by truncation, ``covered`` False) are
 left out of training, predicted ``"O"`` when scoring (so a gold entity there
@@ -50,12 +54,14 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from app.scalar_mix import ScalarMixHead, weighted_view_spec
 from app.spans import check_bio, span_scores, word_accuracy
 from cache.views import View, parse_view
 
 __all__ = ["WordStates", "WordStatesLike", "control_tags", "expand_views", "run_token_probe"]
 
 UNCOVERED_TAG = "O"
+SCALAR_MIX = "scalar_mix"
 
 
 class WordStatesLike(Protocol):
@@ -102,23 +108,24 @@ def _checked(split: WordStatesLike, name: str) -> tuple[np.ndarray, np.ndarray, 
     return states, mask, flat
 
 
-def expand_views(views: Sequence[str], n_hidden_states: int) -> list[tuple[str, View]]:
-    """Expand ``each_layer`` and parse every view; duplicates are dropped."""
+def expand_views(views: Sequence[str], n_hidden_states: int) -> list[tuple[str, View | None]]:
+    """Expand ``each_layer`` and parse every view; duplicates are dropped.
+
+    ``scalar_mix`` has no fixed View (its weights are learned): it comes back as ``None``.
+    """
     if isinstance(views, str):
         views = [views]
     names: list[str] = []
     for spec in views:
         if spec == "each_layer":
             names.extend(f"layer:{i}" for i in range(n_hidden_states))
-        elif spec == "scalar_mix":
-            raise ValueError(
-                "view 'scalar_mix' is not available in the token probe; use each_layer, "
-                "mean_all, concat_last_4, weighted:W0,... or layer:K"
-            )
         else:
             names.append(spec)
-    out: list[tuple[str, View]] = []
+    out: list[tuple[str, View | None]] = []
     for spec in dict.fromkeys(names):
+        if spec == SCALAR_MIX:
+            out.append((spec, None))
+            continue
         view = parse_view(spec)
         view.needed_layers(n_hidden_states)  # raises ViewError naming the layers that exist
         out.append((spec, view))
@@ -153,21 +160,30 @@ def control_tags(words: Sequence[str], tag_counts: dict[str, int] | Counter[str]
 
 
 def _fit_predict(
-    x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, *, seed: int, max_iter: int, c: float
-) -> tuple[np.ndarray, float, bool]:
+    x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, *, seed: int, max_iter: int, c: float,
+    mix: bool = False,
+) -> tuple[np.ndarray, float, bool, Any]:
+    """Predictions on x_valid, fit seconds, converged, and the fitted head (None if not fitted)."""
     classes = np.unique(y_train)
     if classes.size == 1:
         # What the head would learn anyway; LogisticRegression refuses one class
         # (possible for control tags of a tiny vocabulary).
-        return np.full(x_valid.shape[0], classes[0], dtype=object), 0.0, True
-    head = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
+        return np.full(x_valid.shape[0], classes[0], dtype=object), 0.0, True, None
+    head: Any
+    if mix:
+        # sklearn's C multiplies the summed loss; ScalarMixHead's l2 is on the mean.
+        head = ScalarMixHead(l2=1.0 / (c * x_train.shape[0]))
+    else:
+        head = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         start = time.perf_counter()
         head.fit(x_train, y_train)
         seconds = time.perf_counter() - start
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    return head.predict(x_valid), seconds, converged
+    if mix:
+        converged = converged and head.n_iter_ < head.max_iter
+    return head.predict(x_valid), seconds, converged, head
 
 
 def _split(flat: np.ndarray, like: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -226,10 +242,14 @@ def run_token_probe(
 
     rows: list[dict[str, Any]] = []
     for name, view in specs:
-        x_tr = view.apply(x_tr_all).reshape(x_tr_all.shape[0], -1)
-        x_va = view.apply(x_va_all).reshape(x_va_all.shape[0], -1)
-        pred, seconds, converged = _fit_predict(
-            x_tr, tr_tags[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C
+        mix = view is None
+        if mix:
+            x_tr, x_va = x_tr_all, x_va_all  # [n, H, d]: the head mixes the states itself
+        else:
+            x_tr = view.apply(x_tr_all).reshape(x_tr_all.shape[0], -1)
+            x_va = view.apply(x_va_all).reshape(x_va_all.shape[0], -1)
+        pred, seconds, converged, head = _fit_predict(
+            x_tr, tr_tags[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix
         )
         predicted = _split(full_prediction(pred), valid.tags)
         row: dict[str, Any] = {"view": name}
@@ -243,10 +263,18 @@ def run_token_probe(
             row["word_accuracy"] = word_accuracy(gold, predicted)
         row["fit_seconds"] = seconds
         row["converged"] = converged
+        row["mix"] = None
+        if mix and head is not None:
+            row["mix"] = {
+                "layer_weights": [float(w) for w in head.layer_weights_],
+                "gamma": float(head.gamma_),
+                "weighted_view": weighted_view_spec(head),
+                "rounds": int(head.n_iter_),
+            }
         row.update(control_accuracy=None, selectivity=None, control_fit_seconds=None)
         if control_task:
-            c_pred, c_seconds, c_converged = _fit_predict(
-                x_tr, ctl_tr[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C
+            c_pred, c_seconds, c_converged, _ = _fit_predict(
+                x_tr, ctl_tr[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix
             )
             c_acc = float(np.mean(full_prediction(c_pred) == ctl_va)) if ctl_va.size else 0.0
             row.update(

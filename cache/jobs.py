@@ -102,6 +102,9 @@ class JobQueue:
         now = time.time()
         marks = ",".join("?" * len(kinds))
         with self.catalog.tx() as db:
+            # a cancelled job whose worker died before marking it would stay "running" forever
+            db.execute("UPDATE jobs SET state='cancelled', finished=?, lease_until=NULL "
+                       "WHERE state='running' AND cancel_requested=1 AND lease_until < ?", (now, now))
             # jobs whose worker died too often fail instead of looping forever
             db.execute("UPDATE jobs SET state='failed', finished=?, error='worker died ' || attempts || "
                        "' times while running this job' WHERE state='running' AND lease_until < ? "
@@ -158,6 +161,41 @@ class JobQueue:
                        "WHERE id=? AND state='queued'", (time.time(), job_id))
             db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=? AND state='running'", (job_id,))
         return self.get(job_id)
+
+    def queued(self, kinds: Sequence[str] | None = None) -> int:
+        """How many jobs (of these kinds) wait to be claimed; a cheap read, no lock."""
+        q = "SELECT COUNT(*) FROM jobs WHERE state='queued' AND cancel_requested=0"
+        args: tuple[Any, ...] = ()
+        if kinds is not None:
+            q += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args = tuple(kinds)
+        return int(self.catalog.conn().execute(q, args).fetchone()[0])
+
+    def running_owners(self) -> dict[str, str]:
+        """``{job id: owner}`` of the running jobs (to find those whose worker died)."""
+        rows = self.catalog.conn().execute("SELECT id, owner FROM jobs WHERE state='running'")
+        return {i: o for i, o in rows}
+
+    def release(self, job_id: str, owner: str, *, died: bool) -> bool:
+        """Hand a running job back to the queue now instead of at lease expiry.
+
+        ``died=False``: its worker is shutting down cleanly; the attempt is not
+        counted. ``died=True``: its worker is known dead; the attempt counts, and
+        a job out of attempts fails as an expired one would.
+        """
+        with self.catalog.tx() as db:
+            db.execute("UPDATE jobs SET state='cancelled', finished=?, lease_until=NULL WHERE id=? "
+                       "AND owner=? AND state='running' AND cancel_requested=1",
+                       (time.time(), job_id, owner))
+            if died:
+                db.execute("UPDATE jobs SET state='failed', finished=?, lease_until=NULL, error="
+                           "'worker died ' || attempts || ' times while running this job' WHERE id=? "
+                           "AND owner=? AND state='running' AND attempts >= max_attempts",
+                           (time.time(), job_id, owner))
+            cur = db.execute("UPDATE jobs SET state='queued', owner=NULL, lease_until=NULL, "
+                             "attempts=attempts - ? WHERE id=? AND owner=? AND state='running'",
+                             (0 if died else 1, job_id, owner))
+            return cur.rowcount == 1
 
     def counts(self) -> dict[str, int]:
         rows = self.catalog.conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")

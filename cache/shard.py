@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import h5py
 import numpy as np
@@ -187,21 +188,78 @@ class ShardReader:
         except (OSError, KeyError) as e:
             raise CorruptShardError(self.path, f"keys: {e}") from e
 
+    def _token_layers(self, g: h5py.Group, layers: list[int] | None) -> list[int]:
+        """Resolve ``layers`` (negative counts from the end) against the stored states.
+
+        A layer the shard does not hold is the caller's mistake, so it is a
+        ValueError, not a CorruptShardError (which would quarantine a sound shard).
+        """
+        n_states = sum(1 for k in g.keys() if k.startswith("layer_"))
+        if layers is None:
+            return list(range(n_states))
+        if len(layers) == 0:
+            raise ValueError("layers must name at least one hidden state (or be None for all)")
+        out = []
+        for k in layers:
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not -n_states <= k < n_states:
+                raise ValueError(f"layer {k!r} does not exist; this shard holds hidden states "
+                                 f"0..{n_states - 1} (negative indices count from the last)")
+            out.append(int(k) % n_states)
+        return out
+
     def read_tokens(self, row: int, layers: list[int] | None = None) -> TokenRows:
         """Token-level states of one row: states [t, len(layers), d]."""
+        return self.read_tokens_many([row], layers)[0]
+
+    def read_tokens_many(self, rows: Sequence[int], layers: list[int] | None = None) -> list[TokenRows]:
+        """Token-level states of many rows (any order, repeats allowed), in ``rows`` order.
+
+        Reads each dataset once over the span the rows cover when they are
+        dense in it (the common case: a dataset's sentences sit in few
+        shards), else row by row; thousands of one-row reads cost far more.
+        """
         f = self._open()
         try:
             g = f["tokens"]
-            off = g["offsets"][row : row + 2]
-            a, b = int(off[0]), int(off[1])
-            n_states = sum(1 for k in g.keys() if k.startswith("layer_"))
-            layers = list(range(n_states)) if layers is None else layers
-            states = np.stack([g[f"layer_{i}"][a:b] for i in layers], axis=1)
-            return TokenRows(states, g["ids"][a:b], g["char_spans"][a:b], g["word_ids"][a:b])
+            resolved = self._token_layers(g, layers)
+            offsets = g["offsets"][:]
         except KeyError as e:
             raise CorruptShardError(self.path, f"no token-level states: {e}") from e
         except OSError as e:
             raise CorruptShardError(self.path, f"tokens: {e}") from e
+        idx = np.asarray(rows, dtype=np.int64)
+        if idx.size == 0:
+            return []
+        if idx.min() < 0 or idx.max() >= len(offsets) - 1:
+            raise CorruptShardError(self.path, f"row {int(idx.max())} is past the token offsets")
+        uniq = np.unique(idx)
+        lengths = offsets[uniq + 1] - offsets[uniq]
+        lo, hi = int(offsets[uniq[0]]), int(offsets[uniq[-1] + 1])
+        if int(lengths.sum()) * 2 >= hi - lo:
+            pieces = [(lo, hi)]
+            local = offsets[uniq] - lo  # where each unique row starts in the block
+        else:
+            pieces = [(int(offsets[r]), int(offsets[r + 1])) for r in uniq]
+            local = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+        def block(name: str) -> np.ndarray:
+            ds = g[name]
+            if len(pieces) == 1:
+                return ds[pieces[0][0] : pieces[0][1]]
+            return np.concatenate([ds[a:b] for a, b in pieces])
+
+        try:
+            states = np.stack([block(f"layer_{i}") for i in resolved], axis=1)
+            ids, spans, word_ids = block("ids"), block("char_spans"), block("word_ids")
+        except KeyError as e:
+            raise CorruptShardError(self.path, f"no token-level states: {e}") from e
+        except OSError as e:
+            raise CorruptShardError(self.path, f"tokens: {e}") from e
+        pos = np.searchsorted(uniq, idx)
+        out = []
+        for a, n in zip(local[pos].tolist(), lengths[pos].tolist()):
+            out.append(TokenRows(states[a : a + n], ids[a : a + n], spans[a : a + n], word_ids[a : a + n]))
+        return out
 
     def verify(self) -> None:
         """Read every dataset once so that any checksum failure surfaces."""

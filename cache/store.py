@@ -211,6 +211,45 @@ class FeatureStore:
             self.quarantine(e.shard, str(err))
             return None
 
+    def read_tokens_many(self, keys: Sequence[str],
+                         layers: Sequence[int] | None = None) -> list[TokenRows | None]:
+        """Token-level rows of many keys, in ``keys`` order; None where not stored with tokens.
+
+        One catalog lookup and one read per shard (not per key). Rows are
+        checked against the keys the catalog lists, as for pooled reads; a
+        damaged shard is quarantined and its keys come back None. The
+        returned states may be views of one block per shard: copy what you keep.
+        """
+        entries = self.lookup(keys, need_tokens=True)
+        by_shard: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            e = entries.get(k)
+            if e is not None:
+                by_shard.setdefault(e.shard, []).append(i)
+        out: list[TokenRows | None] = [None] * len(keys)
+        wanted = None if layers is None else list(layers)
+        for shard, idx in sorted(by_shard.items()):
+            rows = np.array([entries[keys[i]].row for i in idx], dtype=np.int64)
+            try:
+                got = self._read_tokens_checked(shard, rows, [keys[i] for i in idx], wanted)
+            except CorruptShardError as err:
+                self.quarantine(shard, str(err))
+                continue
+            for i, t in zip(idx, got):
+                out[i] = t
+        return out
+
+    def _read_tokens_checked(self, shard: str, rows: np.ndarray, want: list[str],
+                             layers: list[int] | None) -> list[TokenRows]:
+        """As ``_read_checked``: reopen a stale handle once, then call it damaged."""
+        for attempt in (0, 1):
+            reader = self._reader(shard)
+            got = reader._read_rows("keys", rows)
+            if [g.decode() for g in got] == want:
+                return reader.read_tokens_many(rows, layers)
+            self._forget_reader(shard)
+        raise CorruptShardError(self.shard_dir / shard, "rows do not hold the keys the catalog lists")
+
     def close(self) -> None:
         with self._lock:
             for r in self._readers.values():

@@ -18,6 +18,9 @@ Fixtures
     so its ``calls`` counter starts at 0. Loading takes ~0.1 s.
 ``store`` (function)
     ``FeatureStore(tmp_path / "data")``, closed after the test.
+``tiny_api`` / ``tiny_api_factory(worker=True, **settings)`` (function)
+    The HTTP app in a ``TestClient`` with a ``workers.worker.Worker`` running
+    in a thread on the tiny model: ``.client``, ``.worker``, ``.settings``.
 
 Example::
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -77,3 +80,77 @@ def store(tmp_path: Path) -> Iterator["object"]:
     s = FeatureStore(tmp_path / "data")
     yield s
     s.close()
+
+
+class TinyApi:
+    """The HTTP app (a ``fastapi.testclient.TestClient``) with its worker running
+    in a thread of this process on the tiny encoder: the whole request path,
+    misses included, in milliseconds."""
+
+    def __init__(self, client: Any, worker: Any, settings: Any) -> None:
+        self.client = client
+        self.worker = worker
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir)
+
+
+@pytest.fixture
+def tiny_api_factory(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[..., TinyApi]]:
+    """``tiny_api_factory(worker=True, **settings) -> TinyApi``; everything stops afterwards.
+
+    ``settings`` are ``app.settings.Settings`` fields (``api_key=...``,
+    ``max_texts_per_request=...``); ``worker=False`` gives an app with no
+    worker (never ready), for error paths.
+    """
+    import threading
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+    from cache.store import FeatureStore
+    from workers.encoder import Encoder
+    from workers.worker import Worker, WorkerOptions
+
+    stops: list[Callable[[], None]] = []
+
+    def make(worker: bool = True, **overrides: Any) -> TinyApi:
+        settings = Settings(**{"data_dir": tmp_path / f"api{len(stops)}", "batch_window_ms": 2.0,
+                               "heartbeat_seconds": 0.5, **overrides})
+        w = None
+        if worker:
+            store = FeatureStore(settings.data_dir)
+            enc = Encoder.load(tiny_model_dir, device="cpu")
+            store.catalog.register_model(enc.fingerprint, enc.name,
+                                         {**enc.info, "config": enc.config.canonical()})
+            w = Worker(store, enc, WorkerOptions(heartbeat_seconds=0.5, poll_interval_s=0.002,
+                                                 part_size=settings.part_size,
+                                                 max_tokens=settings.max_tokens_per_batch))
+            thread = threading.Thread(target=w.run, daemon=True)
+            thread.start()
+
+            def stop_worker(w: Any = w, thread: Any = thread, store: Any = store) -> None:
+                w.stop()
+                thread.join(10)
+                store.close()
+            stops.append(stop_worker)
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        stops.append(lambda: client.__exit__(None, None, None))
+        if worker:
+            deadline = time.monotonic() + 10
+            while client.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline, client.get("/ready").text
+                time.sleep(0.01)
+        return TinyApi(client, w, settings)
+
+    yield make
+    for stop in reversed(stops):
+        stop()
+
+
+@pytest.fixture
+def tiny_api(tiny_api_factory: Callable[..., TinyApi]) -> TinyApi:
+    """``tiny_api_factory()`` with default settings: ready, with a worker."""
+    return tiny_api_factory()

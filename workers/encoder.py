@@ -80,6 +80,9 @@ class Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         name = name_or_path or default_model_path()
+        if _looks_like_path(name) and not os.path.isdir(name):
+            # transformers would treat it as a hub id and answer with a repo-id rule
+            raise ModelLoadError(f"cannot load model {name!r}: there is no model directory at that path")
         dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                            else ("cpu" if device == "auto" else device))
         try:
@@ -184,6 +187,12 @@ class Encoder:
                       for i in range(n)]
         return Encoded(pooled, np.asarray(batch.lengths, dtype=np.int32),
                        np.asarray(batch.truncated, dtype=bool), tokens)
+
+
+def _looks_like_path(name: str) -> bool:
+    """A local path, not a hub id ("org/name" is a hub id; "/x", "./x", "~/x" are paths)."""
+    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\", "..\\")) \
+        or os.path.exists(name)
 
 
 def _model_max_length(model: Any, tok: Any) -> int:

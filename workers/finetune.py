@@ -34,8 +34,16 @@ from torch import nn
 from workers.regimes import configure, gradual_groups
 from workers.resources import Cancelled, PeakMemory, check_cancel, freeing_on_cancel
 
-__all__ = ["Cancelled", "Split", "TrainSettings", "RunResult", "SequenceClassifier",
-           "finetune", "predict"]
+__all__ = [
+    "Cancelled",
+    "RunResult",
+    "SequenceClassifier",
+    "Split",
+    "TrainSettings",
+    "finetune",
+    "make_optimizer",
+    "predict",
+]
 
 Check = Callable[[], bool] | None
 
@@ -91,7 +99,7 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(int(encoder.config.hidden_size), n_classes)
+        self.head = nn.Linear(int(encoder.config.hidden_size), n_classes)  # type: ignore[union-attr,arg-type]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -158,8 +166,9 @@ def finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_classe
                              pad_id, settings, progress, should_cancel)
 
 
-def _optimizer(model: SequenceClassifier, s: TrainSettings,
-               groups: list[list[nn.Parameter]] | None) -> torch.optim.AdamW:
+def make_optimizer(model: SequenceClassifier, s: TrainSettings,
+                   groups: list[list[nn.Parameter]] | None = None) -> torch.optim.AdamW:
+    """AdamW: the head at ``head_lr``; the encoder at ``lr``, or per ``groups`` (top first)."""
     head = {"params": list(model.head.parameters()), "lr": s.head_lr}
     if groups is None:
         body = [p for p in model.encoder.parameters() if p.requires_grad]
@@ -184,7 +193,7 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
         model = SequenceClassifier(body, n_classes).to(s.device)
         stored = [n for n, p in model.named_parameters() if p.requires_grad]
         groups = gradual_groups(body) if s.regime == "gradual" else None
-        optimizer = _optimizer(model, s, groups)
+        optimizer = make_optimizer(model, s, groups)
         lengths = np.array([len(r) for r in train.ids])
         steps_per_epoch = -(-len(lengths) // s.batch_size)
         total = steps_per_epoch * s.max_epochs

@@ -34,15 +34,15 @@ from typing import Any
 from torch import nn
 
 __all__ = [
+    "LORA_RANK",
     "REGIMES",
     "TRAINED_REGIMES",
-    "LORA_RANK",
     "configure",
-    "expected_trainable",
     "default_top_k",
     "encoder_params",
-    "head_params",
+    "expected_trainable",
     "gradual_groups",
+    "head_params",
 ]
 
 REGIMES = ("frozen", "bitfit", "lora", "top_k", "gradual", "full")
@@ -52,6 +52,10 @@ LORA_RANK = 8
 _LORA_TARGETS = {"distilbert": ["q_lin", "v_lin"]}
 _DEFAULT_LORA_TARGETS = ["query", "value"]
 _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def _config(model: nn.Module) -> Any:
+    return model.config  # type: ignore[union-attr]  # a transformers PreTrainedModel
 
 
 def _is_pooler(name: str) -> bool:
@@ -96,14 +100,14 @@ def configure(
     """
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
-    n_layers = int(model.config.num_hidden_layers)
+    n_layers = int(_config(model).num_hidden_layers)
     frozen_below = _check_top_k(top_k, n_layers)
     for _, param in model.named_parameters():
         param.requires_grad_(False)
     if regime == "lora":
         from peft import LoraConfig, inject_adapter_in_model
 
-        targets = _LORA_TARGETS.get(model.config.model_type, _DEFAULT_LORA_TARGETS)
+        targets = _LORA_TARGETS.get(_config(model).model_type, _DEFAULT_LORA_TARGETS)
         # In-place injection (not get_peft_model) keeps the encoder's own class
         # and parameter names, so every regime is handled the same way.
         lora = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.1,
@@ -135,7 +139,7 @@ def head_params(hidden_size: int, n_classes: int) -> int:
 
 def gradual_groups(model: nn.Module) -> list[list[nn.Parameter]]:
     """Encoder parameters in unfreezing order: top layer first, embeddings last."""
-    n_layers = int(model.config.num_hidden_layers)
+    n_layers = int(_config(model).num_hidden_layers)
     groups: list[list[nn.Parameter]] = [[] for _ in range(n_layers + 1)]
     for name, param in _named(model):
         layer = _layer_index(name)

@@ -145,7 +145,6 @@ def test_inconsistent_inputs_are_refused(splits, change, message):
 @pytest.mark.parametrize(
     "views, message",
     [
-        (["scalar_mix"], "scalar_mix"),
         (["layer:9"], "does not exist"),
         (["pooled"], "unknown view"),
         ([], "no views"),
@@ -195,3 +194,16 @@ def test_a_single_control_tag_is_predicted_without_fitting(splits):
     result = run_token_probe(one_word, valid, views=[f"layer:{CARRIER}"])
     row = result["rows"][0]
     assert row["f1"] > 0.95 and row["control_fit_seconds"] == 0.0
+
+
+def test_scalar_mix_learns_to_weight_the_layer_carrying_the_tag(splits):
+    train, valid = splits
+    result = run_token_probe(train, valid, views=["scalar_mix", "mean_all"], control_task=False)
+    mix_row, mean_row = result["rows"]
+    assert mix_row["view"] == "scalar_mix" and mean_row["mix"] is None
+    weights = mix_row["mix"]["layer_weights"]
+    assert len(weights) == H and sum(weights) == pytest.approx(1.0)
+    assert int(np.argmax(weights)) == CARRIER and weights[CARRIER] > 0.5
+    assert mix_row["mix"]["weighted_view"].startswith("weighted:")
+    # the uniform mean dilutes the carrier with three noise layers; the mix does not
+    assert mix_row["f1"] > 0.95 and mix_row["f1"] >= mean_row["f1"]

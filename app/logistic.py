@@ -1,0 +1,122 @@
+"""L2 logistic regression with lbfgs, the objective of scikit-learn's
+``LogisticRegression(C=C, solver="lbfgs")``, without its per-call overhead.
+
+Why not call sklearn: choosing C by inner CV takes ~13 fits per outer fold
+and a probe sweep ~70 outer folds; sklearn re-validates inputs and rebuilds
+its loss object on every call, which was most of the time on 2,000 x 384
+features. Here one fit is scipy's L-BFGS-B over a numpy loss. The test
+suite checks the coefficients against sklearn's ``LogisticRegression``.
+
+Objective (sklearn's, scaled by 1/n as sklearn does internally)::
+
+    mean_i CE(x_i W^T + b, y_i) + ||W||^2 / (2 C n)      (b not penalized)
+
+Two classes: one weight row, ``p(class 1) = sigmoid(x w + b)``. More:
+multinomial softmax with one row per class. Same stopping rule as sklearn:
+``gtol=tol``, ``ftol=64 * eps``, at most ``max_iter`` iterations.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import expit, log_expit, logsumexp
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import StratifiedKFold
+
+__all__ = ["fit_logistic", "fit_logistic_cv"]
+
+
+def _binary(theta: np.ndarray, Z: np.ndarray, y: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
+    w, b = theta[:-1], theta[-1]
+    z = Z @ w + b
+    # log(1 + e^z) - y z, written with log_expit so large |z| stays finite
+    loss = float(np.mean(-log_expit(z) + (1.0 - y) * z)) + 0.5 * l2 * float(w @ w)
+    g = (expit(z) - y) / len(y)
+    return loss, np.concatenate([Z.T @ g + l2 * w, [g.sum()]])
+
+
+def _multinomial(theta: np.ndarray, Z: np.ndarray, y: np.ndarray, l2: float,
+                 k: int) -> tuple[float, np.ndarray]:
+    d = Z.shape[1]
+    W = theta.reshape(k, d + 1)
+    logits = Z @ W[:, :-1].T + W[:, -1]
+    log_norm = logsumexp(logits, axis=1)
+    n = len(y)
+    loss = float(np.mean(log_norm - logits[np.arange(n), y])) + 0.5 * l2 * float((W[:, :-1] ** 2).sum())
+    G = np.exp(logits - log_norm[:, None])
+    G[np.arange(n), y] -= 1.0
+    G /= n
+    grad = np.hstack([G.T @ Z + l2 * W[:, :-1], G.sum(axis=0)[:, None]])
+    return loss, grad.ravel()
+
+
+def fit_logistic(Z: np.ndarray, y: np.ndarray, n_classes: int, C: float, *,
+                 start: np.ndarray | None = None, max_iter: int = 300,
+                 tol: float = 1e-4) -> tuple[np.ndarray, int]:
+    """Fit on ``Z`` [n, d] (float64) and class indices ``y`` (0..K-1).
+
+    Returns ``(params, n_iter)``: ``params`` is [rows, d + 1] (weights then
+    intercept; 1 row for two classes, else K), usable as ``start`` for a
+    warm start at another C.
+    """
+    n, d = Z.shape
+    rows = 1 if n_classes == 2 else n_classes
+    l2 = 1.0 / (C * n)
+    theta0 = np.zeros(rows * (d + 1)) if start is None else np.asarray(start, np.float64).ravel()
+    if rows == 1:
+        args: tuple = (Z, y.astype(np.float64), l2)
+        fun = _binary
+    else:
+        args, fun = (Z, y, l2, rows), _multinomial  # type: ignore[assignment]
+    result = minimize(fun, theta0, args=args, jac=True, method="L-BFGS-B",
+                      options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
+                               "ftol": 64 * np.finfo(float).eps})
+    if result.status == 1:  # stopped at max_iter, as sklearn reports it
+        warnings.warn(f"logistic regression did not converge in max_iter={max_iter} iterations",
+                      ConvergenceWarning, stacklevel=2)
+    return result.x.reshape(rows, d + 1), int(result.nit)
+
+
+def _log_loss(Z: np.ndarray, y: np.ndarray, params: np.ndarray) -> float:
+    """Summed log loss of ``params`` on (Z, y)."""
+    logits = Z @ params[:, :-1].T + params[:, -1]
+    if logits.shape[1] == 1:
+        logits = np.hstack([np.zeros_like(logits), logits])
+    return float((logsumexp(logits, axis=1) - logits[np.arange(len(y)), y]).sum())
+
+
+def fit_logistic_cv(Z: np.ndarray, y: np.ndarray, n_classes: int, Cs: tuple[float, ...], *,
+                    inner_cv: int = 3, random_state: int | None = 0, max_iter: int = 300,
+                    tol: float = 1e-4) -> tuple[float, np.ndarray, int]:
+    """Choose C by inner stratified CV on (Z, y), refit on all of it.
+
+    Returns ``(C, params, n_iter)``. The inner CV scores held-out log loss
+    and walks ``Cs`` upwards, each fold warm-started from its own fit at the
+    previous C; it stops once the summed loss rises (it is unimodal in C in
+    practice, and the largest C costs the most iterations). The refit starts
+    from the mean of the fold models at the chosen C. With fewer than 2
+    examples of some class per inner fold there is nothing to validate on,
+    and C = 1.0 (sklearn's default) is used.
+    """
+    grid = sorted(float(c) for c in Cs)
+    n_splits = min(int(inner_cv), int(np.bincount(y).min()))
+    best_C, start = (grid[0] if len(grid) == 1 else 1.0), None
+    if len(grid) > 1 and n_splits >= 2:
+        splitter = StratifiedKFold(n_splits, shuffle=True, random_state=random_state)
+        folds = [(Z[tr], y[tr], Z[va], y[va]) for tr, va in splitter.split(Z, y)]
+        fold_params: list[np.ndarray | None] = [None] * n_splits
+        best_loss = np.inf
+        for C in grid:
+            loss = 0.0
+            for f, (Z_tr, y_tr, Z_va, y_va) in enumerate(folds):
+                fold_params[f], _ = fit_logistic(Z_tr, y_tr, n_classes, C, start=fold_params[f],
+                                                 max_iter=max_iter, tol=tol)
+                loss += _log_loss(Z_va, y_va, fold_params[f])  # type: ignore[arg-type]
+            if loss >= best_loss:
+                break
+            best_C, best_loss, start = C, loss, np.mean(fold_params, axis=0)
+    params, n_iter = fit_logistic(Z, y, n_classes, best_C, start=start, max_iter=max_iter, tol=tol)
+    return best_C, params, n_iter

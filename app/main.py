@@ -1,0 +1,84 @@
+"""The FastAPI application: ``create_app(settings) -> FastAPI``.
+
+The app reads the feature store directly (cached reads never touch the
+worker) and submits misses and dataset extractions as jobs that the worker
+process runs. It never imports torch: ``layerbank serve`` starts the worker
+as a separate process (app/commands/serve.py).
+
+Request path through the middleware, outermost first: request timer
+(metrics) -> API key -> body size limit -> routes. Errors from any layer come
+out in one shape (app/errors.py).
+
+Example::
+
+    from app.main import create_app
+    from app.settings import Settings
+    app = create_app(Settings(data_dir="layerbank-data"))
+    # uvicorn.run(app) -- or `layerbank serve`, which also starts the worker
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import AsyncIterator
+
+from fastapi import FastAPI
+
+from app.batcher import Batcher
+from app.deps import AppState, ApiKeyGuard, BodyLimitGuard
+from app.errors import install_error_handlers
+from app.metrics import Metrics, RequestTimer
+from app.routes import datasets, embeddings, features, jobs, ops
+from app.settings import Settings, get_settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("layerbank.api")
+_REFRESH_S = 0.5  # how often the app re-reads which worker and model are live
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; the store opens at start-up (lifespan), not here."""
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState(settings)
+        state.metrics = metrics
+        metrics.bind(state)
+        state.batcher = Batcher(state.queue, window_ms=settings.batch_window_ms,
+                                max_pending=settings.max_queue_depth)
+        app.state.layerbank = state
+        state.refresh_model()
+        watcher = asyncio.create_task(_watch_model(state))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await state.batcher.close()
+            state.close()
+
+    app = FastAPI(title="layerbank", version=ops.VERSION, lifespan=lifespan,
+                  description="Hidden states of every layer, computed once and served from a "
+                              "cache. Errors: {\"error\", \"type\"} everywhere.")
+    metrics = Metrics()
+    install_error_handlers(app)
+    for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router):
+        app.include_router(r)
+    # added innermost first: the timer sees every request, 401s and 413s included
+    app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    app.add_middleware(RequestTimer, metrics=metrics)
+    return app
+
+
+async def _watch_model(state: AppState) -> None:
+    """Keep the app's view of live workers and their model fresh."""
+    while True:
+        try:
+            state.refresh_model()
+        except Exception:  # a locked or busy catalog: try again next tick
+            log.exception("could not refresh the worker and model state")
+        await asyncio.sleep(_REFRESH_S)

@@ -1,0 +1,197 @@
+"""Request and response bodies of the HTTP API (pydantic), so that the OpenAPI
+schema at ``/openapi.json`` says exactly what is accepted and returned.
+
+Limits that are settings (texts per request, characters per text) are checked
+by the routes, not here, so that going over one is a 413 naming the limit
+rather than a 422.
+
+Example::
+
+    FeaturesRequest(texts=["a text"], view="layer:-2", pooling="mean")
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ErrorResponse", "FeaturesRequest", "FeaturesResponse", "FeatureItem", "FeaturesUsage",
+           "EmbeddingsRequest", "EmbeddingsResponse", "EmbeddingItem", "EmbeddingsUsage",
+           "DatasetCreate", "DatasetOut", "DatasetList", "DatasetDeleted", "JobOut", "JobList",
+           "Progress", "InfoOut", "ReadyOut", "HealthOut", "Pooling", "Format", "error_responses"]
+
+Pooling = Literal["mean", "cls", "max"]
+Format = Literal["json", "base64"]
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="what went wrong, for a person")
+    type: str = Field(description="validation, not_found, too_large, overloaded, not_ready, ...")
+    field: str | None = Field(None, description="the request field at fault (422)")
+    limit: str | None = Field(None, description="the setting that was exceeded (413, 429)")
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries: these statuses answer with ErrorResponse."""
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+# -- features -----------------------------------------------------------------
+class FeaturesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str] = Field(min_length=1, description="texts, hashed exactly as given")
+    view: str | None = Field(None, description="layer:K, layers:I,J, concat_last_4, sum_last_4, "
+                             "mean_all, weighted:W0,...,WL, all_layers; default in /info")
+    pooling: Pooling | None = Field(None, description="default in /info")
+    model: str | None = Field(None, description="must be the served model when given")
+    format: Format = Field("json", description="json: lists of numbers; base64: little-endian "
+                           "bytes of `dtype`")
+    dtype: Literal["float16", "float32"] | None = Field(
+        None, description="base64 element type; default: the storage dtype when the view is a "
+        "plain copy of stored rows (layer:K, layers:..., all_layers), else float32")
+
+
+class FeatureItem(BaseModel):
+    index: int
+    embedding: list[float] | list[list[float]] | str = Field(
+        description="[dim], or [H][d] for all_layers; a base64 string with format=base64")
+    cached: bool = Field(description="true when the row was already stored")
+    n_tokens: int
+    truncated: bool
+
+
+class FeaturesUsage(BaseModel):
+    texts: int
+    cache_hits: int
+    tokens_computed: int
+
+
+class FeaturesResponse(BaseModel):
+    model: str
+    view: str
+    pooling: str
+    dim: int = Field(description="length of one vector (hidden size for all_layers)")
+    shape: list[int] = Field(description="shape of one text's embedding: [dim] or [H, d]")
+    format: Format
+    dtype: str = Field(description="element type of base64 data; float32 for json")
+    data: list[FeatureItem]
+    usage: FeaturesUsage
+
+
+# -- OpenAI-compatible embeddings --------------------------------------------
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input: str | list[str] = Field(description="a text or a list of texts")
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="must equal the view's width when given")
+    user: str | None = None
+    view: str | None = Field(None, description="layerbank extension; default in /info")
+    pooling: Pooling | None = Field(None, description="layerbank extension; default in /info")
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingsUsage
+
+
+# -- datasets -----------------------------------------------------------------
+class DatasetCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    texts: list[str] | None = Field(None, description="one per item (not with words)")
+    labels: list[str | int | float | bool | None] | None = Field(
+        None, description="one per item, stored as text")
+    words: list[list[str]] | None = Field(None, description="token task: each item's words; the "
+                                          "text is the words joined by single spaces")
+    tags: list[list[str]] | None = Field(None, description="one tag per word")
+
+
+class DatasetOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    name: str
+    task: str
+    n_items: int
+    model: str
+    job_id: str | None
+    created: float
+    job: dict[str, Any] | None = None
+
+
+class DatasetList(BaseModel):
+    data: list[DatasetOut]
+
+
+class DatasetDeleted(BaseModel):
+    id: str
+    deleted: bool
+
+
+# -- jobs ---------------------------------------------------------------------
+class Progress(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    done: int | None = None
+    total: int | None = None
+    tokens: int | None = None
+    tokens_per_second: float | None = None
+    eta_seconds: float | None = None
+
+
+class JobOut(BaseModel):
+    id: str
+    kind: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    attempts: int
+    progress: Progress
+    error: str | None
+    cancel_requested: bool
+    created: float
+    started: float | None
+    finished: float | None
+    result: Any = None
+
+
+class JobList(BaseModel):
+    data: list[JobOut]
+
+
+# -- operations -----------------------------------------------------------------
+class HealthOut(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    checks: dict[str, bool]
+    workers: list[dict[str, Any]]
+
+
+class InfoOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    version: str
+    ready: bool
+    model: dict[str, Any] | None
+    layers: int | None = Field(description="transformer layers L (hidden states h_0..h_L)")
+    n_hidden_states: int | None
+    hidden_size: int | None
+    dtype: str = Field(description="storage dtype of cached vectors")
+    precision: str | None = Field(description="compute precision of the encoder")
+    poolings: list[str]
+    views: list[str]
+    defaults: dict[str, str]
+    limits: dict[str, int | float]

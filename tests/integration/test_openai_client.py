@@ -1,0 +1,57 @@
+"""The official ``openai`` package, pointed at a real layerbank server, works unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+
+from .conftest import ServerProcess, sst_sentences
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def client(layerbank_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=layerbank_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _features(server: ServerProcess, texts: list[str], view: str = "layer:-2") -> tuple[np.ndarray, list[int]]:
+    body = server.post("/v1/features", json={"texts": texts, "view": view}).json()
+    return (np.array([d["embedding"] for d in body["data"]], dtype=np.float32),
+            [d["n_tokens"] for d in body["data"]])
+
+
+def test_default_call_base64_decoded_by_the_client(client: openai.OpenAI,
+                                                   layerbank_server: ServerProcess) -> None:
+    texts, _ = sst_sentences(5, 1000)
+    # the client asks for base64 when no encoding_format is given, and decodes float32
+    res = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    assert res.object == "list" and res.model == "all-MiniLM-L6-v2 (embedded)"
+    assert [d.index for d in res.data] == list(range(5))
+    got = np.array([d.embedding for d in res.data], dtype=np.float32)
+    want, n_tokens = _features(layerbank_server, texts)  # the default view, now cached
+    np.testing.assert_array_equal(got, want)
+    assert res.usage.prompt_tokens == res.usage.total_tokens == sum(n_tokens)
+
+
+def test_float_format_single_string_and_extra_view(client: openai.OpenAI,
+                                                   layerbank_server: ServerProcess) -> None:
+    texts, _ = sst_sentences(2, 1010)
+    one = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], encoding_format="float")
+    assert len(one.data) == 1 and len(one.data[0].embedding) == 384
+    last = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float",
+                                    extra_body={"view": "layer:-1", "pooling": "mean"})
+    want, _ = _features(layerbank_server, texts, view="layer:-1")
+    np.testing.assert_array_equal(np.array([d.embedding for d in last.data], np.float32), want)
+    np.testing.assert_array_equal(np.array(one.data[0].embedding, np.float32),
+                                  _features(layerbank_server, texts[:1])[0][0])
+
+
+def test_errors_reach_the_client_as_openai_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.embeddings.create(model="text-embedding-3-small", input=["a text"])
+    assert e.value.status_code == 422
+    assert "is not served here" in str(e.value.body)
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=["a text"], dimensions=256)

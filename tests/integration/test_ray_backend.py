@@ -1,0 +1,176 @@
+"""The Ray backend on a real local Ray (2 CPUs, 2 logical GPUs, tiny encoder on CPU).
+
+One Ray instance serves the whole module (starting Ray costs seconds on
+2 cores). What a user would check:
+- Ray stores exactly the shards, keys and numbers the embedded backend does;
+- an actor that dies mid-batch is replaced and the job still stores every
+  text exactly once;
+- a job stopped half way (its driver gone) is resubmitted and leaves the
+  parts already committed untouched.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install '.[ray]'")
+
+from cache.store import FeatureStore  # noqa: E402
+from workers.backends import ExtractionBackend, make_backend  # noqa: E402
+from workers.encoder import Encoder  # noqa: E402
+from workers.extract import ExtractSummary, Progress, Stopped, extract  # noqa: E402
+from workers.ray_backend import RayUnavailable, extract_with_ray  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "dev.tsv"
+
+
+def sst2_texts(n: int, seed: int) -> list[str]:
+    with open(DATA, newline="") as f:
+        rows = [r[0] for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)][1:]
+    rng = np.random.default_rng(seed)
+    texts = [rows[i] for i in rng.choice(len(rows), size=n, replace=False)]
+    # a repeat (stored once) and a text past the tiny model's 64 positions (truncated)
+    return texts + [texts[0], " ".join(texts[1:12])]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, num_gpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def shard_files(store: FeatureStore) -> set[str]:
+    return {p.name for p in store.shard_dir.iterdir()}
+
+
+def read_shard(path: Path) -> dict[str, object]:
+    with h5py.File(path, "r") as f:
+        out: dict[str, object] = {"attrs": dict(f.attrs)}
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
+                     if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def assert_same_shards(a: FeatureStore, b: FeatureStore) -> None:
+    assert shard_files(a) == shard_files(b) == a.catalog.shard_names() == b.catalog.shard_names()
+    for name in sorted(shard_files(a)):
+        da, db = read_shard(a.shard_dir / name), read_shard(b.shard_dir / name)
+        assert sorted(da) == sorted(db), name
+        assert da["attrs"] == db["attrs"]
+        for k in da:
+            if k != "attrs":
+                # bit-for-bit: same parts, same batches, same model, same threads
+                np.testing.assert_array_equal(da[k], db[k], err_msg=f"{name}:{k}")
+
+
+def assert_stored_once(store: FeatureStore, keys: list[str]) -> None:
+    uniq = set(keys)
+    assert set(store.lookup(sorted(uniq))) == uniq  # nothing lost
+    rows = sum(store.catalog.shard_info(s)["n_rows"] for s in store.catalog.shard_names())
+    assert rows == store.catalog.stats()["keys"] == len(uniq)  # nothing stored twice
+    # every file in the shard directory is a committed shard: no leftovers, no temp files
+    assert shard_files(store) == store.catalog.shard_names()
+
+
+def test_ray_stores_the_same_features_as_embedded(tiny_model_dir: str, tmp_path: Path) -> None:
+    texts = sst2_texts(240, seed=1)
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    emb, viaray = FeatureStore(tmp_path / "emb"), FeatureStore(tmp_path / "ray")
+    # the same 30 texts stored beforehand in both: both backends must skip them
+    for s in (emb, viaray):
+        extract(texts[:30], s, enc, job_id="warm", part_size=50, max_tokens=512)
+    # both through the backend interface the worker uses
+    embedded = make_backend("embedded", emb, enc, part_size=50, max_tokens=512)
+    on_ray = make_backend("ray", viaray, enc, part_size=50, max_tokens=512, ray_actors=2, threads=1)
+    assert isinstance(on_ray, ExtractionBackend) and on_ray.name == "ray"
+    want = embedded.run(texts, "j1")
+    seen: list[Progress] = []
+    got = on_ray.run(texts, "j1", progress=lambda p: seen.append(Progress(**vars(p))))
+    assert got.as_dict() | {"seconds": 0} == want.as_dict() | {"seconds": 0}
+    assert (got.cache_hits, got.texts_encoded, got.shards_written) == (30, 211, 5)
+    assert got.truncated == 1 and got.keys == want.keys
+    assert_same_shards(emb, viaray)
+    res_e = emb.read_pooled(want.keys, "mean")
+    res_r = viaray.read_pooled(got.keys, "mean")
+    assert res_r.found.all()
+    np.testing.assert_array_equal(res_r.data, res_e.data)
+    # progress as the job record shows it: starts at 0 of 211, ends done with a rate
+    assert (seen[0].done, seen[0].total) == (0, 211)
+    assert (seen[-1].done, seen[-1].total, seen[-1].tokens) == (211, 211, got.tokens_encoded)
+    assert seen[-1].tokens_per_second > 0
+    # the same job again on Ray: everything is a hit, nothing is encoded
+    again = on_ray.run(texts, "j2")
+    assert (again.cache_hits, again.texts_encoded, again.shards_written) == (241, 0, 0)
+    on_ray.close()
+    assert ray.is_initialized()  # the backend did not start this Ray, so it leaves it running
+
+
+def test_without_the_extra_the_error_says_what_to_install(tiny_model_dir: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    store = FeatureStore(tmp_path / "data")
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    with pytest.raises(RayUnavailable, match=r"pip install 'layerbank\[ray\]'"):
+        make_backend("ray", store, enc)
+    with pytest.raises(RayUnavailable, match=r"pip install 'layerbank\[ray\]'"):
+        extract_with_ray(["a text"], store, enc, job_id="x")
+    with pytest.raises(ValueError, match="unknown backend 'spark'; choose one of embedded, ray"):
+        make_backend("spark", store, enc)
+
+
+def test_actor_killed_mid_batch_still_stores_every_text_once(tiny_model_dir: str,
+                                                             tmp_path: Path) -> None:
+    texts = sst2_texts(120, seed=2)
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    store = FeatureStore(tmp_path / "data")
+    marker = tmp_path / "actor-died"
+    summary = extract_with_ray(texts, store, enc, job_id="k1", part_size=20, max_tokens=512,
+                               actors=2, threads=1, fault={"die_once": str(marker)})
+    # the fault fired: an actor process wrote the marker and then really exited
+    pid = int(marker.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert (summary.texts_encoded, summary.shards_written) == (121, 7)
+    assert_stored_once(store, summary.keys)
+    ref = FeatureStore(tmp_path / "ref")
+    extract(texts, ref, enc, job_id="k1", part_size=20, max_tokens=512)
+    assert_same_shards(ref, store)
+
+
+def test_resubmitted_job_skips_committed_parts(tiny_model_dir: str, tmp_path: Path) -> None:
+    texts = sst2_texts(100, seed=3)
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    store = FeatureStore(tmp_path / "data")
+
+    def stop_after_first_part() -> bool:
+        return store.catalog.stats()["shards"] == 0
+
+    with pytest.raises(Stopped):
+        extract_with_ray(texts, store, enc, job_id="r1", part_size=20, max_tokens=512, actors=1,
+                         threads=1, should_continue=stop_after_first_part)
+    first = store.catalog.shard_names()
+    assert 1 <= len(first) < 6
+    before = {n: (os.stat(store.shard_dir / n).st_ino, os.stat(store.shard_dir / n).st_mtime_ns)
+              for n in first}
+    summary: ExtractSummary = extract_with_ray(texts, store, enc, job_id="r1", part_size=20,
+                                               max_tokens=512, actors=1, threads=1)
+    # what the stopped run committed is found in the catalog; only the rest is encoded
+    done_rows = sum(store.catalog.shard_info(n)["n_rows"] for n in first)
+    assert (summary.cache_hits, summary.texts_encoded) == (done_rows, 101 - done_rows)
+    assert summary.shards_written == 6 - len(first)
+    # the committed parts were not rewritten: same files, untouched
+    assert {n: (os.stat(store.shard_dir / n).st_ino, os.stat(store.shard_dir / n).st_mtime_ns)
+            for n in first} == before
+    assert_stored_once(store, summary.keys)

@@ -1,0 +1,140 @@
+"""Heads: scikit-learn's estimator contract, save/load without pickle."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.utils.estimator_checks import parametrize_with_checks
+from threadpoolctl import threadpool_limits
+
+from app import heads
+from app.heads import HEAD_NAMES, ProbeInputError, load_head, make_head, save_head
+from app.logistic import fit_logistic
+from app.scalar_mix import ScalarMixHead
+
+ALL_HEADS = [make_head(name, seed=0) for name in HEAD_NAMES]
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread():  # type: ignore[no-untyped-def]
+    # tiny matrices on a shared 2-core machine: BLAS threads only contend (10x slower)
+    with threadpool_limits(1):
+        yield
+
+
+@parametrize_with_checks(ALL_HEADS)
+def test_sklearn_estimator_contract(estimator, check):  # type: ignore[no-untyped-def]
+    check(estimator)
+
+
+def _data(n: int = 120, d: int = 6, k: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % k
+    X = rng.normal(size=(n, d)) + 1.5 * np.eye(k, d)[y]
+    return X, np.array(["neg", "neu", "pos"])[y]
+
+
+def _fit(name: str, X: np.ndarray, y: np.ndarray):  # type: ignore[no-untyped-def]
+    if name == "scalar_mix":  # reads [n, H, d]: give it three hidden states
+        X = np.stack([X * 0.1, X, X[::-1] * 2.0], axis=1)
+    return make_head(name, seed=0).fit(X, y), X
+
+
+@pytest.mark.parametrize("name", HEAD_NAMES)
+def test_save_load_round_trip_gives_identical_probabilities(name: str, tmp_path: Path) -> None:
+    X, y = _data()
+    head, X = _fit(name, X, y)
+    n_bytes = save_head(head, tmp_path / name, {"view": "layer:-1", "pooling": "mean"})
+    assert n_bytes == sum(f.stat().st_size for f in (tmp_path / name).iterdir())
+    loaded = load_head(tmp_path / name)
+    assert type(loaded) is type(head)
+    np.testing.assert_array_equal(loaded.predict_proba(X), head.predict_proba(X))
+    np.testing.assert_array_equal(loaded.predict(X), head.predict(X))
+    assert loaded.get_params() == head.get_params()
+    doc = json.loads((tmp_path / name / "head.json").read_text())
+    assert doc["metadata"] == {"view": "layer:-1", "pooling": "mean"}
+
+
+@pytest.mark.parametrize("name", HEAD_NAMES)
+def test_saved_head_holds_no_pickle_and_loads_with_allow_pickle_false(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    X, y = _data()
+    head, X = _fit(name, X, y)
+    save_head(head, tmp_path, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["arrays.npz", "head.json"]
+    with zipfile.ZipFile(tmp_path / "arrays.npz") as z:
+        for member in z.namelist():
+            raw = z.read(member)
+            assert raw.startswith(b"\x93NUMPY"), member  # plain .npy, not a pickled object
+            header = raw[10:10 + int.from_bytes(raw[8:10], "little")].decode("latin1")
+            assert "'descr': '|O'" not in header, (member, header)
+    real_load = np.load
+    calls: list[object] = []
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs.get("allow_pickle"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(np, "load", spy)
+    load_head(tmp_path).predict_proba(X)
+    assert calls == [False]
+
+
+def test_object_labels_are_saved_as_text(tmp_path: Path) -> None:
+    X, y = _data()
+    head = make_head("ridge").fit(X, y.astype(object))
+    save_head(head, tmp_path, {})
+    assert list(load_head(tmp_path).predict(X[:3])) == list(head.predict(X[:3]))
+
+
+def test_unknown_head_name_is_a_probe_input_error() -> None:
+    with pytest.raises(ProbeInputError, match=r"unknown head 'xgboost'; choose one of logistic, ridge"):
+        make_head("xgboost")
+
+
+def test_logistic_solver_matches_sklearn_logistic_regression() -> None:
+    """app.logistic is sklearn's objective; same C gives the same model."""
+    X, y = _data(n=200, d=8)
+    Z = (X - X.mean(0)) / X.std(0)
+    y_idx = np.unique(y, return_inverse=True)[1]
+    for k, target in ((2, y_idx % 2), (3, y_idx)):
+        params, _ = fit_logistic(Z, target, k, C=0.3, tol=1e-8, max_iter=1000)
+        ref = LogisticRegression(C=0.3, tol=1e-8, max_iter=1000).fit(Z, target)
+        np.testing.assert_allclose(params[:, :-1], ref.coef_, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(params[:, -1], ref.intercept_, rtol=1e-4, atol=1e-6)
+
+
+def test_logistic_picks_C_inside_the_training_rows_only() -> None:
+    """A noise-only problem wants the strongest regularization in the grid."""
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(300, 40)), rng.integers(0, 2, 300)
+    assert make_head("logistic").fit(X, y).C_ == 0.001
+    X_signal = X + 3.0 * y[:, None] * (np.arange(40) < 2)
+    assert make_head("logistic").fit(X_signal, y).C_ > 0.001
+
+
+def test_uncalibrated_heads_give_softmax_of_the_decision() -> None:
+    X, y = _data()
+    for name in ("ridge", "linear_svm"):
+        head = make_head(name).fit(X, y)
+        Z = (X - head.mean_) / head.scale_
+        z = Z @ head.coef_.T + head.intercept_
+        expected = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(head.predict_proba(X), expected)
+
+
+def test_knn_saves_its_training_rows_so_its_size_grows_with_them(tmp_path: Path) -> None:
+    X, y = _data(n=60)
+    small = save_head(make_head("knn").fit(X, y), tmp_path / "a", {})
+    X2, y2 = _data(n=600)
+    large = save_head(make_head("knn").fit(X2, y2), tmp_path / "b", {})
+    assert large > 5 * small
+
+
+def test_scalar_mix_head_is_registered_for_loading() -> None:
+    assert isinstance(heads.make_head("scalar_mix"), ScalarMixHead)

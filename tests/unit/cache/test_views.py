@@ -1,0 +1,192 @@
+"""cache.views: every view against its written definition, and the grammar.
+
+The definitions below are written out by hand from docs (h = [n, H, d],
+H = L + 1 hidden states), not derived from View, so a wrong combine fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache.views import NAMED_VIEWS, View, ViewError, parse_view
+
+H, D = 7, 5  # the bundled model's 7 hidden states, a narrow width for speed
+
+
+@pytest.fixture
+def h() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(4, H, D)).astype(np.float32)
+
+
+DEFINITIONS = {
+    "layer:0": lambda h: h[:, 0],
+    "layer:6": lambda h: h[:, 6],
+    "layer:-1": lambda h: h[:, 6],
+    "layer:-2": lambda h: h[:, 5],
+    "layer:-7": lambda h: h[:, 0],
+    "layers:0,-1": lambda h: np.concatenate([h[:, 0], h[:, 6]], axis=1),
+    "layers:3,1,3": lambda h: np.concatenate([h[:, 3], h[:, 1], h[:, 3]], axis=1),
+    "concat_last_4": lambda h: np.concatenate([h[:, 3], h[:, 4], h[:, 5], h[:, 6]], axis=1),
+    "sum_last_4": lambda h: h[:, 3] + h[:, 4] + h[:, 5] + h[:, 6],
+    "mean_all": lambda h: sum(h[:, i] for i in range(H)) / H,
+    "weighted:1,0,0,0,0,0,0": lambda h: h[:, 0],
+    "weighted:0.5,0,0,0,0,0,-2": lambda h: 0.5 * h[:, 0] - 2 * h[:, 6],
+    "all_layers": lambda h: h,
+}
+
+
+@pytest.mark.parametrize("spec", list(DEFINITIONS))
+def test_view_matches_its_definition(spec: str, h: np.ndarray) -> None:
+    view = parse_view(spec)
+    want = DEFINITIONS[spec](h)
+    got = view.apply(h)
+    assert got.dtype == np.float32
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # what the store does: read only the needed layers, then combine
+    needed = view.needed_layers(H)
+    np.testing.assert_allclose(view.combine(h[:, needed], H), want, rtol=1e-6, atol=1e-6)
+    flat = want.shape[1] if want.ndim == 2 else want.shape[1] * want.shape[2]
+    assert view.output_dim(H, D) == flat
+
+
+def test_needed_layers_resolves_negative_indices() -> None:
+    assert parse_view("layer:-2").needed_layers(7) == [5]
+    assert parse_view("layers:-1,0,-7").needed_layers(7) == [6, 0, 0]
+    assert parse_view("concat_last_4").needed_layers(13) == [9, 10, 11, 12]
+    assert parse_view("all_layers").needed_layers(3) == [0, 1, 2]
+    assert parse_view("mean_all").needed_layers(3) == [0, 1, 2]
+
+
+def test_float16_input_is_summed_in_float32() -> None:
+    # 7 copies of 60000 overflow float16 (max 65504) if summed in it
+    h16 = np.full((1, H, 2), 60000, dtype=np.float16)
+    out = parse_view("sum_last_4").apply(h16)
+    assert out.dtype == np.float32
+    assert out[0, 0] == pytest.approx(4 * 60000, rel=1e-3)
+
+
+@pytest.mark.parametrize("spec, layer", [("layer:9", 9), ("layer:7", 7), ("layer:-8", -8),
+                                         ("layers:0,9", 9)])
+def test_missing_layer_error_names_the_layers_that_exist(spec: str, layer: int) -> None:
+    with pytest.raises(ViewError) as e:
+        parse_view(spec).needed_layers(7)
+    assert str(e.value).startswith(f"layer {layer} does not exist; this model has hidden states 0..6")
+    assert "-1..-7" in str(e.value)
+
+
+def test_concat_last_4_on_a_model_with_fewer_states_is_an_error() -> None:
+    with pytest.raises(ViewError, match="layer -4 does not exist; this model has hidden states 0..2"):
+        parse_view("concat_last_4").needed_layers(3)
+
+
+def test_weighted_needs_one_weight_per_hidden_state() -> None:
+    with pytest.raises(ViewError, match=r"has 2 weights; this model has 7 hidden states 0..6, "
+                                        r"so it needs 7 weights"):
+        parse_view("weighted:1,2").needed_layers(7)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "unknown view ''"),
+    ("layer", "unknown view 'layer'"),
+    ("last", "unknown view 'last'"),
+    ("layer:", "expected comma-separated layer numbers"),
+    ("layer:1,2", "layer: takes one layer; use layers:I,J"),
+    ("layer:a", "layer numbers must be integers"),
+    ("layer:1.5", "layer numbers must be integers"),
+    ("layers:1,,2", "expected comma-separated layer numbers"),
+    ("weighted:", "expected comma-separated weights"),
+    ("weighted:1,x", "weights must be numbers"),
+    ("weighted:1,nan", "weights must be finite numbers, got nan"),
+    ("weighted:1,inf", "weights must be finite numbers, got inf"),
+    ("weighted:1e999", "weights must be finite numbers, got inf"),
+])
+def test_malformed_views_say_why(spec: str, message: str) -> None:
+    with pytest.raises(ViewError) as e:
+        parse_view(spec)
+    assert message in str(e.value)
+
+
+def test_a_non_string_is_a_view_error() -> None:
+    with pytest.raises(ViewError, match="a view must be a string"):
+        parse_view(3)  # type: ignore[arg-type]
+
+
+def test_view_error_is_a_value_error() -> None:
+    # callers that catch ValueError (HTTP validation) also catch bad views
+    assert issubclass(ViewError, ValueError)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_parse_raises_only_view_error_on_arbitrary_text(spec: str) -> None:
+    try:
+        view = parse_view(spec)
+    except ViewError:
+        return
+    assert isinstance(view, View)
+    # whatever parsed must resolve, or fail with a ViewError, on any model size
+    for n in (1, 7):
+        try:
+            view.needed_layers(n)
+        except ViewError:
+            pass
+
+
+grammar_words = st.sampled_from(["layer", "layers", "weighted", "concat", "mean", "all", "_"])
+grammar_chars = st.sampled_from(list(":,-+.0123456789e ") + ["nan", "inf", "last_4", "_all"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(grammar_words, grammar_chars), max_size=12).map("".join))
+def test_parse_raises_only_view_error_on_near_miss_specs(spec: str) -> None:
+    # arbitrary text rarely looks like a view; these strings mostly almost do
+    try:
+        parse_view(spec)
+    except ViewError:
+        pass
+
+
+ints = st.integers(min_value=-50, max_value=50)
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+valid_specs = st.one_of(
+    ints.map(lambda k: (f"layer:{k}", "concat", (k,), ())),
+    st.lists(ints, min_size=1, max_size=8).map(
+        lambda ks: (f"layers:{','.join(map(str, ks))}", "concat", tuple(ks), ())),
+    st.lists(finite, min_size=1, max_size=8).map(
+        lambda ws: (f"weighted:{','.join(map(repr, ws))}", "weighted", (), tuple(ws))),
+    st.sampled_from(NAMED_VIEWS).map(lambda s: (s, None, None, None)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(valid_specs)
+def test_valid_specs_round_trip(case: tuple) -> None:
+    spec, kind, layers, weights = case
+    view = parse_view(spec)
+    assert view.spec == spec
+    assert parse_view(view.spec) == view
+    if kind is not None:
+        assert view.kind == kind
+        assert view.layers == layers
+        assert view.weights == weights
+        assert all(math.isfinite(w) for w in view.weights)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(ints, min_size=1, max_size=8), st.integers(min_value=1, max_value=60))
+def test_layers_in_range_resolve_and_others_are_named(ks: list[int], n: int) -> None:
+    view = parse_view("layers:" + ",".join(map(str, ks)))
+    if all(-n <= k < n for k in ks):
+        assert view.needed_layers(n) == [k % n for k in ks]
+    else:
+        bad = next(k for k in ks if not -n <= k < n)
+        with pytest.raises(ViewError, match=f"layer {bad} does not exist; this model has "
+                                            f"hidden states 0..{n - 1}"):
+            view.needed_layers(n)

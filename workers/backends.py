@@ -1,0 +1,142 @@
+"""Where extraction runs: one small interface, two engines.
+
+``ExtractionBackend.run(texts, job_id, want_tokens, progress, should_continue)``
+encodes the texts not yet stored and commits their shards to the store's
+catalog, returning an ``ExtractSummary``. Both backends plan a job the same
+way (the job's unique texts in length order, cut into parts; part ``p`` is
+shard ``{job_id}-{p:05d}``), so they store the same shards with the same
+numbers, and a job re-run on either skips parts the other committed.
+
+- ``EmbeddedBackend``: this process's encoder (``workers.extract.extract``);
+  the default, no extra services.
+- ``RayBackend``: a Ray Data pipeline of encoder actors on a Ray cluster
+  (``workers.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
+  catalog stays here: actors write shards to the shared shard directory and
+  only this process commits them.
+
+``progress`` receives a ``workers.extract.Progress`` (done, total, tokens,
+tokens per second, ETA). ``should_continue`` is asked between units of work
+(batches; for Ray, at least once a second); when it returns False the run
+raises ``workers.extract.Stopped`` and committed parts stay valid.
+
+Example::
+
+    backend = make_backend("ray", store, encoder, ray_address="local", ray_actors=2)
+    try:
+        summary = backend.run(texts, "job-1", progress=print)
+    finally:
+        backend.close()
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+from cache.store import FeatureStore
+
+from .encoder import Encoder
+from .extract import ExtractSummary, Progress, extract
+
+__all__ = ["ExtractionBackend", "EmbeddedBackend", "RayBackend", "make_backend", "BACKENDS"]
+
+BACKENDS = ("embedded", "ray")
+
+ProgressFn = Callable[[Progress], None]
+ContinueFn = Callable[[], bool]
+
+
+@runtime_checkable
+class ExtractionBackend(Protocol):
+    """Encode what is missing, commit shards, say what was done."""
+
+    name: str
+
+    def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
+            progress: ProgressFn | None = None,
+            should_continue: ContinueFn | None = None) -> ExtractSummary: ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedBackend:
+    """The encoder in this process (one device), batches under a token budget."""
+
+    name = "embedded"
+
+    def __init__(self, store: FeatureStore, encoder: Encoder, *, part_size: int = 2048,
+                 max_tokens: int = 16384) -> None:
+        self.store = store
+        self.encoder = encoder
+        self.part_size = part_size
+        self.max_tokens = max_tokens
+
+    def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
+            progress: ProgressFn | None = None,
+            should_continue: ContinueFn | None = None) -> ExtractSummary:
+        return extract(texts, self.store, self.encoder, job_id=job_id, want_tokens=want_tokens,
+                       part_size=self.part_size, max_tokens=self.max_tokens, progress=progress,
+                       should_continue=should_continue)
+
+    def close(self) -> None:
+        pass
+
+
+class RayBackend:
+    """Encoder actors on a Ray cluster; shards land in the shared shard directory.
+
+    ``encoder`` is the driver's copy: it makes the keys, and tells the actors
+    which model and config to load (they refuse to work if theirs differ).
+    ``address``: ``local``, ``auto``, ``host:port``, ``ray://host:10001`` or
+    None (Ray's own default). The connection is made on the first run and
+    kept until ``close()``. ``actors``: encoder actors (one GPU each when the
+    cluster has GPUs). ``threads``: torch threads per actor (None: all cores).
+    """
+
+    name = "ray"
+
+    def __init__(self, store: FeatureStore, encoder: Encoder, *, address: str | None = None,
+                 actors: int = 1, gpus_per_actor: float | None = None, threads: int | None = None,
+                 part_size: int = 2048, max_tokens: int = 16384) -> None:
+        from . import ray_backend
+
+        ray_backend.require_ray()  # fail now, with the install hint, rather than at the first job
+        self.store = store
+        self.encoder = encoder
+        self.address = address
+        self.actors = actors
+        self.gpus_per_actor = gpus_per_actor
+        self.threads = threads
+        self.part_size = part_size
+        self.max_tokens = max_tokens
+        self._connected_here = False
+
+    def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
+            progress: ProgressFn | None = None,
+            should_continue: ContinueFn | None = None) -> ExtractSummary:
+        from .ray_backend import connect, extract_with_ray
+
+        self._connected_here = connect(self.address) or self._connected_here
+        return extract_with_ray(texts, self.store, self.encoder, job_id=job_id,
+                                want_tokens=want_tokens, part_size=self.part_size,
+                                max_tokens=self.max_tokens, actors=self.actors,
+                                gpus_per_actor=self.gpus_per_actor, threads=self.threads,
+                                progress=progress, should_continue=should_continue)
+
+    def close(self) -> None:
+        if self._connected_here:
+            from .ray_backend import require_ray
+
+            require_ray().shutdown()
+            self._connected_here = False
+
+
+def make_backend(kind: str, store: FeatureStore, encoder: Encoder, *, part_size: int = 2048,
+                 max_tokens: int = 16384, ray_address: str | None = None, ray_actors: int = 1,
+                 threads: int | None = None) -> ExtractionBackend:
+    """The backend named ``kind`` (``embedded`` or ``ray``), from plain settings values."""
+    if kind == "embedded":
+        return EmbeddedBackend(store, encoder, part_size=part_size, max_tokens=max_tokens)
+    if kind == "ray":
+        return RayBackend(store, encoder, address=ray_address, actors=ray_actors, threads=threads,
+                          part_size=part_size, max_tokens=max_tokens)
+    raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")

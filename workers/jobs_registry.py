@@ -1,0 +1,105 @@
+"""Job kinds the worker runs: a registry from kind name to handler.
+
+A handler takes a ``workers.worker.JobContext`` and returns a JSON-serialisable
+result (stored as the job's ``result``). It raises ``JobError`` for a job that
+cannot run as submitted (the message becomes the job's error text, shown to
+users), and checks ``ctx.should_continue()`` between units of work (batches,
+epochs): when it turns False the handler should raise (any exception, e.g.
+``workers.extract.Stopped``); the worker then records cancelled or hands the
+job back, whichever applies.
+
+Built-in kinds:
+
+    encode   {"texts": [...], "model": str | None, "want_tokens": bool}
+             the synchronous misses of HTTP requests (priority ENCODE_PRIORITY)
+    extract  {"dataset_id": str, "want_tokens": bool}
+             a dataset's extraction (priority 0)
+
+To add a kind, in your own module::
+
+    from workers.jobs_registry import register_kind
+
+    @register_kind("regimes")
+    def run_regimes_job(ctx) -> dict:
+        texts = ...  # ctx.job.payload, ctx.datasets, ctx.store, ctx.encoder
+        ctx.progress({"done": 1, "total": 10})
+        return {...}
+
+and add the module's name to ``KIND_MODULES`` below so the worker imports it
+at start (it is imported lazily: a kind's heavy dependencies load only in the
+worker process).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from .extract import ExtractSummary, extract
+
+if TYPE_CHECKING:
+    from .worker import JobContext
+
+__all__ = ["JOB_KINDS", "KIND_MODULES", "register_kind", "JobError", "ENCODE_PRIORITY",
+           "URGENT_KINDS", "run_encode", "run_extract"]
+
+ENCODE_PRIORITY = 100
+URGENT_KINDS = ("encode",)  # run between the batches of any other kind
+
+Handler = Callable[["JobContext"], Any]
+JOB_KINDS: dict[str, Handler] = {}
+KIND_MODULES: list[str] = []  # modules that call register_kind when imported
+
+
+class JobError(RuntimeError):
+    """A job that cannot run as submitted; its message becomes the job's error text."""
+
+
+def register_kind(name: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        JOB_KINDS[name] = fn
+        return fn
+    return deco
+
+
+def _count(ctx: JobContext, summary: ExtractSummary) -> None:
+    if summary.tokens_encoded:
+        ctx.store.catalog.bump("tokens_extracted", summary.tokens_encoded)
+        ctx.store.catalog.bump("texts_extracted", summary.texts_encoded)
+
+
+@register_kind("encode")
+def run_encode(ctx: JobContext) -> dict[str, Any]:
+    """Synchronous misses: payload ``{"texts": [...], "model": str | None, "want_tokens": bool}``."""
+    p = ctx.job.payload
+    enc = ctx.encoder
+    model = p.get("model")
+    if model not in (None, enc.fingerprint, enc.name, enc.info.get("name")):
+        raise JobError(f"this worker serves {enc.info.get('name')!r} ({enc.fingerprint}), "
+                       f"not {model!r}")
+    summary = extract(list(p["texts"]), ctx.store, enc, job_id=ctx.job.id,
+                      want_tokens=bool(p.get("want_tokens")), part_size=ctx.options.part_size,
+                      max_tokens=ctx.options.max_tokens, should_continue=ctx.should_continue)
+    _count(ctx, summary)
+    return summary.as_dict()
+
+
+@register_kind("extract")
+def run_extract(ctx: JobContext) -> dict[str, Any]:
+    """A dataset's extraction: payload ``{"dataset_id": str, "want_tokens": bool}``."""
+    ds_id = ctx.job.payload["dataset_id"]
+    ds = ctx.datasets.get(ds_id)
+    if ds is None:
+        raise JobError(f"dataset {ds_id} was deleted before it was extracted")
+    enc = ctx.encoder
+    fp = ds.meta.get("fingerprint", enc.fingerprint)
+    if fp != enc.fingerprint or ds.config != enc.config.canonical():
+        raise JobError(f"dataset {ds_id} was registered for model {ds.model!r} ({fp}) with config "
+                       f"{ds.config}; this worker serves {enc.fingerprint} with "
+                       f"{enc.config.canonical()}")
+    items = ctx.datasets.items(ds_id)
+    want_tokens = bool(ctx.job.payload.get("want_tokens")) or ds.task == "token"
+    summary = extract(items.texts, ctx.store, enc, job_id=ctx.job.id, want_tokens=want_tokens,
+                      part_size=ctx.options.part_size, max_tokens=ctx.options.max_tokens,
+                      progress=ctx.progress, should_continue=ctx.should_continue)
+    _count(ctx, summary)
+    return summary.as_dict()

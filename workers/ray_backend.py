@@ -1,0 +1,314 @@
+"""Extraction on a Ray cluster: a Ray Data pipeline of encoder actors.
+
+The driver (the API host, or the CLI) plans the job exactly as
+``workers.extract`` does: the job's unique texts in order of length, cut into
+parts of ``part_size``; part ``p`` becomes shard ``{job_id}-{p:05d}``. Parts
+already committed (a resubmitted job) and texts already stored are skipped.
+The parts still to do flow through ``ray.data.from_items`` into
+``map_batches`` with a pool of ``ShardEncoder`` actors (``num_gpus=1,
+num_cpus=0`` when the cluster has GPUs). Each actor encodes one part, writes
+its write-once shard straight to the shared shard directory and returns only
+metadata (name, keys, token counts, truncation flags, bytes). **Only the
+driver commits to the catalog**, so SQLite stays on the API host.
+
+Failure semantics (see docs/operations.md): Ray restarts a dead actor and
+retries its batch; the retry writes the same shard name, so a key is never
+stored twice. A part whose shard was written but not committed is written
+again by the next run and its file replaced. Ray is imported lazily: without
+the extra, calling this says ``pip install 'layerbank[ray]'``.
+
+Example::
+
+    summary = extract_with_ray(texts, store, encoder, job_id="j1", address="local", actors=2)
+    summary.texts_encoded, summary.shards_written
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from cache.fingerprint import default_model_path
+from cache.shard import ShardContents, write_shard
+from cache.store import FeatureStore
+
+from .encoder import Encoder
+from .extract import ExtractSummary, Progress, Stopped, _encode_part
+
+__all__ = ["extract_with_ray", "connect", "require_ray", "RayUnavailable", "RayExtractionError",
+           "ShardEncoder", "INSTALL_HINT"]
+
+INSTALL_HINT = "pip install 'layerbank[ray]'"
+_TICK_S = 1.0  # the driver calls progress/should_continue at least this often (lease heartbeats)
+
+
+class RayUnavailable(RuntimeError):
+    """Ray (the optional extra) is not installed."""
+
+
+class RayExtractionError(RuntimeError):
+    """The Ray pipeline failed; committed parts stay valid, a resubmission skips them."""
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or ``RayUnavailable`` naming the extra to install."""
+    try:
+        import ray
+        import ray.data  # noqa: F401  (the Data library is part of the extra)
+    except ImportError as e:
+        raise RayUnavailable(f"the Ray backend needs Ray Data: {INSTALL_HINT}") from e
+    return ray
+
+
+def connect(address: str | None) -> bool:
+    """Connect this process to Ray unless it already is; True if this call did.
+
+    ``address``: ``"local"`` starts a private local Ray, ``"auto"`` joins the
+    cluster this host is a node of, ``"ray://host:10001"`` uses Ray Client,
+    None lets Ray decide (``RAY_ADDRESS``, else a running local cluster, else
+    a new one).
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+class ShardEncoder:
+    """A Ray Data actor: loads the encoder once, turns parts into shards.
+
+    ``__call__`` gets a batch of parts (columns ``name``, ``keys``, ``texts``),
+    writes one shard per part under ``shard_dir`` and returns one JSON
+    metadata string per part in column ``meta``. The shard is written under a
+    name unique to this attempt and then renamed onto ``{name}.h5``, so a
+    writer that outlives its retry (a partitioned node) can never interleave
+    bytes with it.
+
+    ``fault`` is for tests only (users never pass it):
+    ``{"die_once": marker_path}`` makes the first actor that finds no marker
+    write its pid there and ``os._exit`` in the middle of its batch, after the
+    shard file is on disk but before returning; ``{"announce_dir": d,
+    "pause_s": "0.5"}`` makes every part first touch ``d/<part>@<node id>``
+    and then sleep, so a test can remove a node while it is mid-batch.
+    """
+
+    def __init__(self, spec: dict[str, Any], shard_dir: str, want_tokens: bool, max_tokens: int,
+                 threads: int | None = None, fault: dict[str, str] | None = None) -> None:
+        from .encoder import set_threads
+
+        set_threads(threads)
+        self.encoder = Encoder.load(spec["model"], device="auto", precision=spec["precision"],
+                                    max_length=spec["max_length"],
+                                    storage_dtype=spec["storage_dtype"],
+                                    truncation_side=spec["truncation_side"])
+        got = (self.encoder.fingerprint, self.encoder.config.canonical())
+        if got != (spec["fingerprint"], spec["config"]):
+            # keys were made on the driver: other weights here would store wrong numbers
+            raise RuntimeError(f"this node loaded {got}, the driver expects "
+                               f"{(spec['fingerprint'], spec['config'])}; install the same model "
+                               "on every node")
+        self.shard_dir = Path(shard_dir)
+        self.want_tokens = want_tokens
+        self.max_tokens = max_tokens
+        self.fault = fault or {}
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        metas = []
+        for name, keys, texts in zip(batch["name"], batch["keys"], batch["texts"]):
+            t0 = time.perf_counter()
+            self._maybe_pause(str(name), node)
+            keys, texts = [str(k) for k in keys], [str(t) for t in texts]
+            enc = _encode_part(self.encoder, texts, self.want_tokens, self.max_tokens,
+                               Progress(0, len(texts), 0, 0.0), t0, None, None)
+            cfg = self.encoder.config
+            contents = ShardContents(keys, enc.n_tokens, enc.truncated, enc.pooled, enc.tokens,
+                                     attrs={"model_fingerprint": self.encoder.fingerprint,
+                                            "extraction_config": cfg.canonical()})
+            final = self.shard_dir / f"{name}.h5"
+            attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
+            n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
+            os.replace(attempt, final)
+            self._maybe_die()
+            metas.append(json.dumps({
+                "name": str(name), "keys": keys, "n_tokens": enc.n_tokens.tolist(),
+                "truncated": enc.truncated.tolist(), "n_bytes": n_bytes,
+                "fingerprint": self.encoder.fingerprint, "config": cfg.canonical(),
+                "node": node, "pid": os.getpid(), "seconds": time.perf_counter() - t0}))
+        return {"meta": np.array(metas, dtype=object)}
+
+    def _maybe_pause(self, name: str, node: str) -> None:
+        if "announce_dir" in self.fault:
+            Path(self.fault["announce_dir"], f"{name}@{node}").touch()
+        time.sleep(float(self.fault.get("pause_s", 0)))
+
+    def _maybe_die(self) -> None:
+        marker = self.fault.get("die_once")
+        if marker is None:
+            return
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # first actor only
+        except FileExistsError:
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os._exit(1)
+
+
+def _encoder_spec(encoder: Encoder) -> dict[str, Any]:
+    cfg = encoder.config
+    # the bundled model lives in site-packages, whose path may differ per node
+    model = None if encoder.name == default_model_path() else encoder.name
+    return {"model": model, "precision": cfg.precision, "max_length": cfg.max_length,
+            "storage_dtype": cfg.storage_dtype, "truncation_side": cfg.truncation_side,
+            "fingerprint": encoder.fingerprint, "config": cfg.canonical()}
+
+
+def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
+                     want_tokens: bool = False, address: str | None = None, part_size: int = 2048,
+                     max_tokens: int = 16384, actors: int = 1, gpus_per_actor: float | None = None,
+                     threads: int | None = None,
+                     progress: Callable[[Progress], None] | None = None,
+                     should_continue: Callable[[], bool] | None = None,
+                     fault: dict[str, str] | None = None) -> ExtractSummary:
+    """Encode the texts not yet stored on a Ray cluster; commit shards here.
+
+    Same parts, shard names and numbers as ``workers.extract.extract``.
+    ``gpus_per_actor``: None = 1 when the cluster has GPUs, else 0 (CPU actors
+    with ``num_cpus=1``). ``threads``: torch threads per actor. ``fault``:
+    tests only (see ``ShardEncoder``).
+    """
+    require_ray()  # say what to install before any work, even if all texts turn out stored
+    t0 = time.perf_counter()
+    fp, cfg = encoder.fingerprint, encoder.config
+    # planning mirrors workers.extract.extract (tests hold the two to the same shards)
+    keys = [store.key(fp, cfg, t) for t in texts]
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    uniq = sorted(first, key=lambda k: (len(texts[first[k]]), k))
+    summary = ExtractSummary(texts=len(texts), unique_texts=len(uniq), keys=keys)
+    stored = store.lookup(uniq, need_tokens=want_tokens)
+    summary.cache_hits = len(stored)
+    prog = Progress(0, len(uniq) - len(stored), 0, 0.0)
+    if progress:
+        progress(prog)
+    todo: list[dict[str, Any]] = []
+    for p, start in enumerate(range(0, len(uniq), part_size)):
+        misses = [k for k in uniq[start : start + part_size] if k not in stored]
+        if not misses:
+            continue
+        name = f"{job_id}-{p:05d}"
+        if store.is_committed(name):  # a previous run of this job got this far
+            prog.done += len(misses)
+            continue
+        todo.append({"name": name, "keys": misses, "texts": [texts[first[k]] for k in misses]})
+    if todo:
+        if should_continue is not None and not should_continue():
+            raise Stopped(f"job {job_id} stopped before it started")
+        started = connect(address)
+        try:
+            expected = {t["name"]: t["keys"] for t in todo}
+            for meta in _run(todo, store, encoder, want_tokens, max_tokens, actors, gpus_per_actor,
+                             threads, fault, progress, should_continue, prog, t0):
+                _commit(store, meta, expected, want_tokens)
+                summary.bytes_written += int(meta["n_bytes"])
+                summary.shards_written += 1
+                summary.texts_encoded += len(meta["keys"])
+                summary.tokens_encoded += int(sum(meta["n_tokens"]))
+                summary.truncated += int(sum(meta["truncated"]))
+                prog.done += len(meta["keys"])
+                prog.tokens += int(sum(meta["n_tokens"]))
+                prog.seconds = time.perf_counter() - t0
+                if progress:
+                    progress(prog)
+        finally:
+            if started:
+                require_ray().shutdown()
+    summary.seconds = time.perf_counter() - t0
+    if summary.cache_hits:
+        summary.truncated += sum(1 for e in stored.values() if e.truncated)
+    return summary
+
+
+def _commit(store: FeatureStore, meta: dict[str, Any], expected: dict[str, list[str]],
+            want_tokens: bool) -> None:
+    name = meta["name"]
+    if expected.get(name) != meta["keys"]:
+        raise RayExtractionError(f"shard {name} came back with other keys than were sent")
+    store.catalog.commit_shard(name + ".h5", meta["fingerprint"], meta["config"], meta["keys"],
+                               meta["n_tokens"], meta["truncated"], has_tokens=want_tokens,
+                               n_bytes=int(meta["n_bytes"]))
+
+
+def _run(todo: list[dict[str, Any]], store: FeatureStore, encoder: Encoder, want_tokens: bool,
+         max_tokens: int, actors: int, gpus_per_actor: float | None, threads: int | None,
+         fault: dict[str, str] | None, progress: Callable[[Progress], None] | None,
+         should_continue: Callable[[], bool] | None, prog: Progress,
+         t0: float) -> Iterator[dict[str, Any]]:
+    """Run the pipeline; yield each part's metadata as its shard lands.
+
+    Ray is iterated on a helper thread so this thread can report progress
+    and ask ``should_continue`` every ``_TICK_S`` even while a long part is
+    encoding: that is what keeps a worker's lease alive.
+    """
+    ray = require_ray()
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    if gpus_per_actor is None:
+        gpus_per_actor = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+    ds = ray.data.from_items(todo, override_num_blocks=len(todo))
+    ds = ds.map_batches(
+        ShardEncoder, batch_size=1, batch_format="numpy",
+        fn_constructor_kwargs={"spec": _encoder_spec(encoder), "shard_dir": str(store.shard_dir),
+                               "want_tokens": want_tokens, "max_tokens": max_tokens,
+                               "threads": threads, "fault": fault},
+        compute=ray.data.ActorPoolStrategy(size=min(actors, len(todo))),
+        # a GPU actor reserves no CPU, so a node's CPUs stay free for Ray Data's own tasks
+        num_gpus=gpus_per_actor, num_cpus=0 if gpus_per_actor else 1)
+    out: queue.Queue[tuple[str, Any]] = queue.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for row in ds.iter_rows():
+                out.put(("meta", json.loads(row["meta"])))
+                if stop.is_set():
+                    return  # leaving the loop closes the iterator and stops the pipeline
+            out.put(("done", None))
+        except BaseException as e:  # noqa: BLE001  (re-raised on the driver thread)
+            out.put(("error", e))
+
+    thread = threading.Thread(target=pump, name="layerbank-ray-pump", daemon=True)
+    thread.start()
+    try:
+        while True:
+            try:
+                kind, value = out.get(timeout=_TICK_S)
+            except queue.Empty:
+                prog.seconds = time.perf_counter() - t0
+                if progress:
+                    progress(prog)
+                if should_continue is not None and not should_continue():
+                    raise Stopped(f"stopped after {prog.done} of {prog.total} texts") from None
+                continue
+            if kind == "done":
+                return
+            if kind == "error":
+                raise RayExtractionError(f"Ray extraction failed: {value}") from value
+            yield value
+            if should_continue is not None and not should_continue():
+                raise Stopped(f"stopped after {prog.done} of {prog.total} texts")
+    finally:
+        stop.set()

@@ -1,0 +1,272 @@
+"""The worker: one process per device that loads the encoder once and runs
+jobs from the queue in the catalog.
+
+Contract
+--------
+- Claims jobs with ``JobQueue.claim(owner, kinds, lease_s)``; the most urgent
+  first (``encode`` jobs are submitted with ``ENCODE_PRIORITY``, dataset
+  ``extract`` jobs with 0).
+- While a job runs, a heartbeat thread renews its lease every
+  ``heartbeat_seconds``; handlers report progress through ``JobContext.progress``
+  (written to the job row at most every ``progress_interval_s``). A heartbeat
+  that returns False (the job was cancelled, or its lease went to another
+  worker) makes ``JobContext.should_continue()`` False; the handler stops at
+  its next batch and the job is marked cancelled (or left to its new owner).
+- Outcome: ``finish`` with the handler's JSON result, ``fail`` with
+  ``"<ExceptionType>: <message>"``, or, on a clean shutdown, ``release`` (the
+  job goes back to the queue without counting an attempt).
+- At start, running jobs owned by a dead worker process on this host are
+  released at once (a crash or a restart of ``layerbank serve`` does not wait
+  for the lease to expire). Liveness is recorded with ``worker_seen`` every
+  ``heartbeat_seconds`` from its own thread, so a long batch does not look
+  like a dead worker.
+
+Urgent work inside long jobs: ``JobContext.should_continue()`` is called by
+``workers.extract.extract`` before every part and every token-budget batch.
+For jobs that are not themselves urgent, it first runs any waiting ``encode``
+jobs (the synchronous misses of HTTP requests) to completion, so a large
+dataset delays a request by at most one batch of its own, never by the whole
+dataset.
+
+Kinds are a registry: ``workers/jobs_registry.py`` says how to add one.
+
+Example (in-process, as the unit tests do)::
+
+    worker = Worker(store, encoder, WorkerOptions(poll_interval_s=0.002))
+    threading.Thread(target=worker.run, daemon=True).start()
+    ...
+    worker.stop()
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from cache.datasets import DatasetStore
+from cache.jobs import Job, JobQueue
+from cache.store import FeatureStore
+
+from .encoder import Encoder
+from .extract import Stopped
+from .jobs_registry import ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobError, register_kind
+
+__all__ = ["Worker", "WorkerOptions", "JobContext", "JobError", "JOB_KINDS", "KIND_MODULES",
+           "register_kind", "ENCODE_PRIORITY", "URGENT_KINDS"]
+
+log = logging.getLogger("layerbank.worker")
+
+_MAX_URGENT_PER_CHECK = 16  # bounded, so a stream of requests cannot starve a dataset forever
+
+
+@dataclass
+class WorkerOptions:
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0
+    part_size: int = 2048
+    max_tokens: int = 16384
+    poll_interval_s: float = 0.002  # idle poll: a few ms keeps sync requests fast
+    progress_interval_s: float = 0.25
+    parent_pid: int | None = None  # exit when this process is gone (started by serve)
+
+
+class JobContext:
+    """What a handler sees: its job, the store, the encoder, and its controls."""
+
+    def __init__(self, worker: "Worker", job: Job) -> None:
+        self.worker = worker
+        self.job = job
+        self.store = worker.store
+        self.encoder = worker.encoder
+        self.datasets = worker.datasets
+        self.options = worker.options
+        self.stopped = threading.Event()  # cancelled, or the lease was lost
+        self.last_progress: dict[str, Any] | None = None
+        self._written = time.monotonic()
+
+    def progress(self, p: Any) -> None:
+        """Record progress (a dict, or anything with ``as_dict()``)."""
+        d = p.as_dict() if hasattr(p, "as_dict") else dict(p)
+        now = time.monotonic()
+        first = self.last_progress is None
+        self.last_progress = d
+        if first or now - self._written >= self.options.progress_interval_s:
+            self._written = now
+            self.write_progress()
+
+    def write_progress(self) -> None:
+        w = self.worker
+        if not w.queue.heartbeat(self.job.id, w.id, self.options.lease_seconds, self.last_progress):
+            self.stopped.set()
+
+    def should_continue(self) -> bool:
+        if self.job.kind not in URGENT_KINDS:
+            self.worker.serve_urgent()
+        return not (self.stopped.is_set() or self.worker.stopping.is_set())
+
+
+class Worker:
+    def __init__(self, store: FeatureStore, encoder: Encoder, options: WorkerOptions | None = None,
+                 *, kinds: list[str] | None = None) -> None:
+        self.store = store
+        self.encoder = encoder
+        self.options = options or WorkerOptions()
+        self.queue = JobQueue(store.catalog)
+        self.datasets = DatasetStore(store.catalog)
+        for mod in KIND_MODULES:
+            importlib.import_module(mod)
+        self.kinds = list(kinds or JOB_KINDS)
+        self.host = socket.gethostname()
+        self.id = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.stopping = threading.Event()
+        self.current: str | None = None
+        self._urgent_depth = 0
+        self._started = time.time()
+
+    # -- life cycle -------------------------------------------------------
+    def stop(self) -> None:
+        """Stop after the current batch; a running job goes back to the queue."""
+        self.stopping.set()
+
+    def run(self) -> None:
+        """Claim and run jobs until ``stop()`` (or the parent process is gone)."""
+        self.release_orphans()
+        self.seen()
+        alive = threading.Thread(target=self._liveness, name="worker-liveness", daemon=True)
+        alive.start()
+        last_claim = 0.0
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            # the cheap read first; a claim (a write transaction) only when there is work,
+            # or once a second to pick up jobs whose lease expired
+            if now - last_claim > 1.0 or self.queue.queued(self.kinds):
+                last_claim = now
+                job = self.queue.claim(self.id, self.kinds, self.options.lease_seconds)
+                if job is not None:
+                    self.run_job(job)
+                    continue
+            self.stopping.wait(self.options.poll_interval_s)
+        self.seen(state="stopped")
+
+    def seen(self, state: str | None = None) -> None:
+        info = {"fingerprint": self.encoder.fingerprint, "model": self.encoder.info.get("name"),
+                "host": self.host, "kinds": self.kinds, "started": self._started,
+                "state": state or ("running" if self.current else "idle"), "job": self.current}
+        self.queue.worker_seen(self.id, os.getpid(), info)
+
+    def _liveness(self) -> None:
+        while not self.stopping.wait(self.options.heartbeat_seconds):
+            pp = self.options.parent_pid
+            if pp is not None and os.getppid() != pp:
+                log.warning("parent process %d is gone; stopping", pp)
+                self.stop()
+                return
+            try:
+                self.seen()
+            except Exception:  # a busy catalog must not kill the liveness thread
+                log.exception("could not record liveness")
+
+    def release_orphans(self) -> int:
+        """Requeue running jobs whose worker process on this host is dead."""
+        n = 0
+        for job_id, owner in self.queue.running_owners().items():
+            host, _, rest = (owner or "").partition(":")
+            pid_s = rest.partition(":")[0]
+            if host != self.host or not pid_s.isdigit() or _pid_alive(int(pid_s)):
+                continue
+            if self.queue.release(job_id, owner, died=True):
+                log.warning("job %s: its worker %s died; requeued", job_id, owner)
+                n += 1
+        return n
+
+    # -- running one job ----------------------------------------------------
+    def run_job(self, job: Job) -> None:
+        ctx = JobContext(self, job)
+        handler = JOB_KINDS.get(job.kind)
+        beat_stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(ctx, beat_stop), daemon=True)
+        outer, self.current = self.current, job.id
+        beat.start()
+        t0 = time.perf_counter()
+        try:
+            if handler is None:
+                raise JobError(f"this worker cannot run jobs of kind {job.kind!r}; "
+                               f"it runs {sorted(JOB_KINDS)}")
+            result = handler(ctx)
+        except BaseException as e:  # noqa: BLE001 - every outcome is recorded
+            beat_stop.set()
+            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: shutting down
+                self.stopping.set()
+            self._stopped_or_failed(ctx, e)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            beat_stop.set()
+            if ctx.last_progress is not None:
+                ctx.write_progress()
+            if not self.queue.finish(job.id, self.id, result):
+                log.warning("job %s finished but was no longer ours (cancelled or re-leased)", job.id)
+            log.info("job %s (%s) succeeded in %.2fs", job.id, job.kind, time.perf_counter() - t0)
+        finally:
+            self.current = outer
+            beat.join()
+
+    def _stopped_or_failed(self, ctx: JobContext, e: BaseException) -> None:
+        job = ctx.job
+        stopped = isinstance(e, Stopped) or ctx.stopped.is_set() or self.stopping.is_set()
+        if not stopped:
+            msg = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
+            log.error("job %s (%s) failed: %s", job.id, job.kind, msg, exc_info=not isinstance(e, JobError))
+            self.queue.fail(job.id, self.id, msg)
+            return
+        now = self.queue.get(job.id)
+        if now is not None and now.cancel_requested:
+            self.queue.mark_cancelled(job.id)
+            log.info("job %s cancelled", job.id)
+        elif self.stopping.is_set() and not ctx.stopped.is_set():
+            self.queue.release(job.id, self.id, died=False)
+            log.info("job %s handed back to the queue (worker stopping)", job.id)
+        else:
+            log.warning("job %s: lease lost to another worker; stopped", job.id)
+
+    def _heartbeat(self, ctx: JobContext, done: threading.Event) -> None:
+        while not done.wait(self.options.heartbeat_seconds):
+            try:
+                if not self.queue.heartbeat(ctx.job.id, self.id, self.options.lease_seconds):
+                    ctx.stopped.set()
+                    return
+            except Exception:
+                log.exception("heartbeat of job %s failed", ctx.job.id)
+
+    def serve_urgent(self) -> None:
+        """Run waiting encode jobs now (called between batches of long jobs)."""
+        if self._urgent_depth or self.stopping.is_set():
+            return
+        self._urgent_depth += 1
+        try:
+            for _ in range(_MAX_URGENT_PER_CHECK):
+                if not self.queue.queued(URGENT_KINDS):
+                    return
+                job = self.queue.claim(self.id, list(URGENT_KINDS), self.options.lease_seconds)
+                if job is None:
+                    return
+                self.run_job(job)
+        finally:
+            self._urgent_depth -= 1
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
