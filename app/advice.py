@@ -37,7 +37,7 @@ from typing import Any
 
 from cache.views import parse_view
 
-__all__ = ["storage_costs", "recommend", "thresholds", "LOW", "HIGH", "SMALL_DATA"]
+__all__ = ["HIGH", "LOW", "SMALL_DATA", "recommend", "storage_costs", "thresholds"]
 
 LOW, HIGH = 0.3, 0.7  # on the chance-to-perfect scale: 0.65 / 0.85 for balanced binary
 SMALL_DATA = 1000  # labelled examples under which frozen features are usually safer
@@ -99,20 +99,21 @@ def recommend(result: dict[str, Any], model_info: dict[str, Any],
     accuracy, chance, n = best["accuracy"], task["chance_accuracy"], task["n_examples"]
     low, high = thresholds(chance)
     estimated = head_bytes is None
-    costs = storage_costs(model_info, _linear_head_bytes(result) if estimated else int(head_bytes))
+    costs = storage_costs(model_info, _linear_head_bytes(result) if head_bytes is None else head_bytes)
     verdict = "high" if accuracy >= high else "low" if accuracy <= low else "middle"
     k = len(task["classes"])
-    text = [f"Best frozen probe: {best['view']} with {best['pooling']} pooling of {model_info['name']}, "
-            f"accuracy {accuracy:.3f} ± {best['accuracy_std']:.3f} over {task['cv']} folds on {n:,} "
-            f"labelled examples ({k} classes; always answering the most frequent class scores {chance:.3f})."]
+    text = [(f"Best frozen probe: {best['view']} with {best['pooling']} pooling of {model_info['name']}, "
+             f"accuracy {accuracy:.3f} ± {best['accuracy_std']:.3f} over {task['cv']} folds on {n:,} "
+             f"labelled examples ({k} classes; always answering the most frequent class scores "
+             f"{chance:.3f}).")]
     if verdict == "high":
-        text.append(f"That is at or above {high:.2f}: the frozen representation already separates the "
+        text.append(f"That is at or above {high:.3g}: the frozen representation already separates the "
                     "classes, so fine-tuning is likely to add little.")
     elif verdict == "low":
-        text.append(f"That is at or below {low:.2f}: the frozen representation does not separate the "
+        text.append(f"That is at or below {low:.3g}: the frozen representation does not separate the "
                     "classes well, so fine-tuning or another encoder is likely worth trying.")
     else:
-        text.append(f"That is between {low:.2f} and {high:.2f}: fine-tuning may add a few points; "
+        text.append(f"That is between {low:.3g} and {high:.3g}: fine-tuning may add a few points; "
                     "compare this head with a LoRA or BitFit run before paying for a full fine-tune.")
     if n < SMALL_DATA:
         text.append(f"With only {n:,} labelled examples (under ~{SMALL_DATA:,}), frozen features are "

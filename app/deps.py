@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import NotReady, error_body
+from app.rowcache import ROW_CACHE_BYTES, RowCache
 from app.settings import Settings
 from cache.datasets import DatasetStore
 from cache.jobs import JobQueue
@@ -69,6 +70,7 @@ class AppState:
         self.queue = JobQueue(self.store.catalog)
         self.datasets = DatasetStore(self.store.catalog)
         self.model: ModelRef | None = None
+        self.rows = RowCache(ROW_CACHE_BYTES, dtype="float32")  # replaced once the model is known
         self.workers: list[dict[str, Any]] = []
         self.host = socket.gethostname()
         self.started = time.time()
@@ -89,10 +91,10 @@ class AppState:
         self.workers = live
         if not live:
             return
-        fp = live[0].get("fingerprint")
-        if self.model is not None and self.model.fingerprint == fp:
+        fp = str(live[0].get("fingerprint") or "")
+        if not fp or (self.model is not None and self.model.fingerprint == fp):
             return
-        info = self.store.catalog.model_info(fp) if fp else None
+        info = self.store.catalog.model_info(fp)
         if info is None:
             return
         cfg = json.loads(info["config"])
@@ -100,6 +102,8 @@ class AppState:
                               int(info["n_hidden_states"]), int(info["hidden_size"]),
                               str(cfg.get("storage_dtype", "float16")),
                               str(cfg.get("precision", "fp32")), info)
+        # rows are kept in the storage dtype: float16 in memory loses nothing stored as float16
+        self.rows = RowCache(ROW_CACHE_BYTES, dtype=self.model.storage_dtype)
 
     def _process_alive(self, w: dict[str, Any]) -> bool:
         if w.get("host") != self.host:
@@ -126,7 +130,7 @@ class AppState:
         self.store.close()
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
     return request.app.state.layerbank  # type: ignore[no-any-return]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-__all__ = ["HEAD_FORMAT", "write_head", "read_head"]
+__all__ = ["HEAD_FORMAT", "read_head", "write_head"]
 
 HEAD_FORMAT = "layerbank-head/1"
 
@@ -63,7 +63,7 @@ def write_head(head: Any, directory: str | Path, metadata: dict[str, Any]) -> in
         "metadata": metadata,
     }
     text = json.dumps(doc, indent=2, sort_keys=True)  # fails before writing if metadata is not JSON
-    np.savez(directory / "arrays.npz", **arrays)
+    np.savez(directory / "arrays.npz", **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwds
     (directory / "head.json").write_text(text)
     return sum((directory / f).stat().st_size for f in ("arrays.npz", "head.json"))
 

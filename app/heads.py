@@ -17,7 +17,7 @@ Heads by name (``make_head(name, seed)``):
                  inner stratified CV on the training rows only (the default)
     ridge        RidgeClassifierCV; alpha chosen by efficient leave-one-out
     linear_svm   LinearSVC
-    mlp          MLPClassifier with one small ReLU hidden layer
+    mlp          MLPClassifier, one small ReLU hidden layer, lbfgs
     knn          k nearest neighbours (Euclidean, standardized features)
     scalar_mix   learned ELMo scalar mix + linear softmax (app.scalar_mix);
                  takes all hidden states [n, H, d], not one view
@@ -52,8 +52,18 @@ from app.head_files import read_head, write_head
 from app.logistic import fit_logistic_cv
 
 __all__ = [
-    "ProbeInputError", "Head", "LogisticHead", "RidgeHead", "LinearSVMHead", "MLPHead",
-    "KNNHead", "HEAD_NAMES", "make_head", "save_head", "load_head", "softmax_decision",
+    "HEAD_NAMES",
+    "Head",
+    "KNNHead",
+    "LinearSVMHead",
+    "LogisticHead",
+    "MLPHead",
+    "ProbeInputError",
+    "RidgeHead",
+    "load_head",
+    "make_head",
+    "save_head",
+    "softmax_decision",
 ]
 
 HEAD_NAMES = ("logistic", "ridge", "linear_svm", "mlp", "knn", "scalar_mix")
@@ -129,6 +139,13 @@ class _LinearHead(Head):
     """A head whose decision is ``Z @ coef_.T + intercept_``."""
 
     _arrays = ("classes_", "mean_", "scale_", "coef_", "intercept_")
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Scores [n] for two classes (> 0 means ``classes_[1]``), else [n, K]."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        z = self._decision((X - self.mean_) / self.scale_)
+        return z[:, 0] if z.shape[1] == 1 else z
 
     def _decision(self, Z: np.ndarray) -> np.ndarray:
         return Z @ self.coef_.T + self.intercept_

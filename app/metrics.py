@@ -16,6 +16,7 @@ survive restarts):
     layerbank_queue_depth{queue}            requests waiting for misses; queued jobs
     layerbank_quarantined_shards_total      shards that failed their checksum
     layerbank_store_keys / _store_shards / _store_bytes
+    layerbank_row_cache_rows / _row_cache_bytes   rows held in memory (app/rowcache.py)
     layerbank_workers_live, layerbank_worker_restarts_total
 
 Example::
@@ -97,6 +98,9 @@ class _CatalogCollector:
         yield GaugeMetricFamily("layerbank_store_shards", "committed shards", value=stats["shards"])
         yield GaugeMetricFamily("layerbank_store_bytes", "bytes of committed shards",
                                 value=stats["bytes"])
+        yield GaugeMetricFamily("layerbank_row_cache_rows", "rows held in memory", value=len(s.rows))
+        yield GaugeMetricFamily("layerbank_row_cache_bytes", "bytes of rows held in memory",
+                                value=s.rows.bytes)
         yield GaugeMetricFamily("layerbank_workers_live", "workers with a fresh heartbeat",
                                 value=len(s.workers))
         yield CounterMetricFamily("layerbank_worker_restarts", "worker processes restarted by serve",

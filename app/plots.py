@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from app.advice import thresholds
 
-__all__ = ["probe_plot_png", "learning_curve_png", "probe_figure", "learning_curve_figure"]
+__all__ = ["learning_curve_figure", "learning_curve_png", "probe_figure", "probe_plot_png"]
 
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
 _MARKERS = ("o", "s", "^", "D", "v")
@@ -50,9 +50,9 @@ def _references(ax: Axes, result: dict[str, Any]) -> None:
     ax.axhline(chance, color="grey", linestyle=":", linewidth=1)
     ax.axhline(low, color="firebrick", linestyle="--", linewidth=1, alpha=0.7)
     ax.axhline(high, color="seagreen", linestyle="--", linewidth=1, alpha=0.7)
-    for y, text, color in ((chance, f"chance {chance:.2f}", "grey"),
-                           (low, f"{low:.2f}: fine-tuning likely worth it below", "firebrick"),
-                           (high, f"{high:.2f}: fine-tuning likely adds little above", "seagreen")):
+    for y, text, color in ((chance, f"chance (most frequent class) {chance:.3f}", "grey"),
+                           (low, f"{low:.3g}: fine-tuning likely worth it below", "firebrick"),
+                           (high, f"{high:.3g}: fine-tuning likely adds little above", "seagreen")):
         ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 3),
                     textcoords="offset points", ha="right", va="bottom", fontsize=8, color=color)
 
@@ -68,7 +68,7 @@ def probe_figure(result: dict[str, Any]) -> Figure:
     """The score-by-layer figure (see the module docstring)."""
     task = result["task"]
     n_states = task["n_hidden_states"]
-    fig = Figure(figsize=(10, 6), dpi=100, layout="constrained")
+    fig = Figure(figsize=(11, 6.5), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     others = list(dict.fromkeys(r["view"] for r in result["results"] if r["layer"] is None))
     position = {v: n_states + 0.5 + i for i, v in enumerate(others)}
@@ -113,14 +113,15 @@ def probe_figure(result: dict[str, Any]) -> Figure:
     ax.set_ylabel(f"accuracy (mean ± std over {task['cv']} folds)")
     ax.set_ylim(max(0.0, min(lows + [task["chance_accuracy"]]) - 0.05), 1.02)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
+    # below the axes: inside, it hid points whatever corner it took
+    fig.legend(loc="outside lower center", ncols=3, fontsize=9, frameon=False)
     ax.set_title(_title(result, "Probe accuracy by layer"))
     return fig
 
 
 def learning_curve_figure(result: dict[str, Any]) -> Figure:
     """Accuracy of the best view against training examples per fold."""
-    fig = Figure(figsize=(8, 5.5), dpi=100, layout="constrained")
+    fig = Figure(figsize=(9, 6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     curve = result.get("learning_curve")
     ax.set_xlabel("training examples (log scale)")
@@ -140,17 +141,16 @@ def learning_curve_figure(result: dict[str, Any]) -> Figure:
     f1 = [p["macro_f1"]["mean"] for p in points]
     ax.plot(xs, f1, color="tab:orange", marker=".", linestyle="-", alpha=0.8, label="macro-F1")
     for p in points:
-        ax.annotate(f"{p['accuracy']['mean']:.3f}" + (" (all)" if p["label"] == "all" else ""),
-                    (p["train_size"], p["accuracy"]["mean"]), xytext=(0, 8), textcoords="offset points",
-                    ha="center", fontsize=8)
+        ax.annotate(f"{p['accuracy']['mean']:.3f}", (p["train_size"], p["accuracy"]["mean"]),
+                    xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=8)
     ax.set_xscale("log")
-    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.set_xticks(xs, [f"{x:,}" + ("\n(all)" if p["label"] == "all" else "") for x, p in zip(xs, points)])
     ax.minorticks_off()
     _references(ax, result)
     ax.set_ylim(max(0.0, min(min(f1), min(m - s for m, s in zip(mean, std)),
                              result["task"]["chance_accuracy"]) - 0.05), 1.02)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=9)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=9, frameon=False)
     ax.set_title(_title(result, "Learning curve of the best view"))
     return fig
 

@@ -8,7 +8,8 @@ random_state=seed)`` folds (paired comparison), so each fold score equals
 ``cross_val_score(make_head(head, seed), X, labels, cv=those folds)``.
 
 Views: ``"each_layer"`` (layer:0 .. layer:L), ``"scalar_mix"`` (a learned
-ELMo mix of all states, app.scalar_mix), or any cache.views spec.
+ELMo mix of all states with its own linear softmax, app.scalar_mix, whatever
+``head`` is), or any cache.views spec such as ``concat_last_4``.
 
 It also reports (all JSON-serializable, see ``run_probe``):
 
@@ -21,7 +22,8 @@ It also reports (all JSON-serializable, see ``run_probe``):
   (stratified) to ``train_sizes`` below the fold size, scored on the
   held-out fold, plus "all" (the sweep's own scores).
 
-Input errors raise ``ProbeInputError`` (a ValueError) with the reason.
+Input errors raise ``ProbeInputError`` (a ValueError) with the reason
+(app.probe_inputs).
 
 Example::
 
@@ -32,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -45,74 +46,28 @@ from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from threadpoolctl import threadpool_limits
 
-from app.heads import ProbeInputError, make_head
+from app.heads import make_head
+from app.probe_inputs import (
+    ProbeInputError,
+    check_labels,
+    check_options,
+    check_states,
+    expand_views,
+    single_layer,
+)
 from app.scalar_mix import ScalarMixHead, weighted_view_spec
-from cache.views import View, ViewError, parse_view
+from cache.views import parse_view
 
-__all__ = ["run_probe", "fit_head", "check_labels", "ProbeInputError"]
+__all__ = ["ProbeInputError", "fit_head", "run_probe"]
 
 Folds = list[tuple[np.ndarray, np.ndarray]]
-
-
-def check_labels(labels: Sequence[Any] | np.ndarray | None, cv: int) -> np.ndarray:
-    """Labels as a 1-D array, or ProbeInputError saying what is wrong."""
-    if labels is None:
-        raise ProbeInputError("labels are missing: give one label per text")
-    values = list(labels)
-    missing = [i for i, v in enumerate(values)
-               if v is None or (isinstance(v, str) and not v.strip())
-               or (isinstance(v, float) and math.isnan(v))]
-    if missing:
-        raise ProbeInputError(f"{len(missing)} of {len(values)} labels are missing (None, NaN or empty); "
-                              f"the first is at index {missing[0]}")
-    y = np.asarray(values)
-    if y.dtype == object:  # mixed types: compare them as text
-        y = y.astype(str)
-    if y.ndim != 1:
-        raise ProbeInputError(f"labels must be one label per text; got shape {y.shape}")
-    classes, counts = np.unique(y, return_counts=True)
-    if len(classes) < 2:
-        raise ProbeInputError(f"all {len(y)} labels are the same class {classes[0].item()!r}; "
-                              "a probe needs at least 2 classes")
-    small = [(c.item(), int(k)) for c, k in zip(classes, counts) if k < cv]
-    if small:
-        named = ", ".join(f"{c!r} has {k}" for c, k in small)
-        raise ProbeInputError(f"class {named} example(s), fewer than the {cv} cross-validation folds; "
-                              f"each class needs at least {cv} (label more, or lower cv). Class counts: "
-                              + ", ".join(f"{c.item()!r}: {int(k)}" for c, k in zip(classes, counts)))
-    return y
-
-
-def _parse(spec: str) -> View:
-    try:
-        return parse_view(spec)
-    except ViewError as e:
-        raise ProbeInputError(str(e)) from None
-
-
-def _expand_views(views: Sequence[str], n_states: int) -> list[str]:
-    out: list[str] = []
-    for spec in views:
-        new = [f"layer:{k}" for k in range(n_states)] if spec == "each_layer" else [spec]
-        out += [s for s in new if s not in out]
-    return out
 
 
 def _features(spec: str, states: np.ndarray) -> np.ndarray:
     if spec == "scalar_mix":
         return states
-    try:
-        X = parse_view(spec).apply(states)
-    except ViewError as e:
-        raise ProbeInputError(str(e)) from None
+    X = parse_view(spec).apply(states)  # spec already checked by expand_views
     return X.reshape(len(X), -1)  # all_layers is [n, H, d]
-
-
-def _single_layer(spec: str, n_states: int) -> int | None:
-    if spec == "scalar_mix":
-        return None
-    v = parse_view(spec)
-    return v.layers[0] % n_states if v.kind == "concat" and len(v.layers) == 1 else None
 
 
 def quiet_fit(head: Any, X: np.ndarray, y: np.ndarray) -> tuple[Any, list[str]]:
@@ -152,14 +107,18 @@ def _cross_validate(estimator: Any, X: np.ndarray, y: np.ndarray, folds: Folds,
 
 
 def _estimator(spec: str, head: str, seed: int) -> Any:
-    return ScalarMixHead() if spec == "scalar_mix" else make_head(head, seed)
+    return ScalarMixHead(random_state=seed) if spec == "scalar_mix" else make_head(head, seed)
 
 
 def fit_head(states: np.ndarray, labels: Sequence[Any] | np.ndarray, view: str, *,
-             head: str = "logistic", seed: int = 0) -> Any:
-    """Fit one head on all rows (e.g. the best view of a probe) to save it."""
+             head: str = "logistic", seed: int = 0, threads: int | None = 1) -> Any:
+    """Fit one head on all rows of ``states`` [n, H, d] (e.g. the best view and
+    pooling of a probe result), ready for ``save_head``."""
     y = check_labels(labels, cv=1)
-    return quiet_fit(_estimator(view, head, seed), _features(view, np.asarray(states)), y)[0]
+    states = check_states(states, len(y), "given")
+    expand_views([view], states.shape[1])
+    with threadpool_limits(limits=threads):
+        return quiet_fit(_estimator(view, head, seed), _features(view, states), y)[0]
 
 
 def _learning_sizes(train_sizes: Sequence[int], folds: Folds, n_classes: int) -> list[int]:
@@ -175,50 +134,44 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
               progress: Callable[[int, int], None] | None = None, threads: int | None = 1) -> dict[str, Any]:
     """Cross-validate ``head`` on every (view, pooling); see the module docstring.
 
+    ``progress(done, total)`` is called after every fit; ``total`` is fixed
+    up front (fits that turn out unnecessary are counted as done).
     ``threads`` caps BLAS threads while fitting: these matrices are small, and
     on a shared 2-core machine oversubscribed OpenBLAS threads made a fit ~10x
     slower than one thread. ``None`` keeps the library default.
 
-    Returns a dict with keys ``task``, ``model``, ``results`` (one entry per
-    (view, pooling): accuracy and macro_f1 as {mean, std, folds}, fit_seconds,
-    gap_to_best, layer), ``best``, ``scalar_mix`` (per pooling: accuracy,
-    layer_weights, gamma, view), ``control_task``, ``learning_curve``,
-    ``warnings`` and ``seconds``.
+    Returns a dict with keys:
+
+    - ``task``: n_examples, classes, class_counts, chance_accuracy (most
+      frequent class), n_hidden_states, hidden_size, cv, seed, head, metric;
+    - ``model``: ``model_info`` as given;
+    - ``results``: one entry per (view, pooling): view, pooling, layer (int
+      for one-layer views, else None), accuracy and macro_f1 as {mean, std,
+      folds}, fit_seconds {mean, total}, folds_not_converged, gap_to_best;
+    - ``best``: view, pooling, layer, accuracy, accuracy_std, macro_f1,
+      selectivity (None without the control task);
+    - ``scalar_mix``: per pooling {accuracy, macro_f1, layer_weights,
+      layer_weights_fold_std, gamma, C, view ("weighted:...")}, or None;
+    - ``control_task``: {method, pooling, results: [{view, layer,
+      task_accuracy, control_accuracy, control_accuracy_std, control_folds,
+      selectivity}], best}, or None;
+    - ``learning_curve``: {view, pooling, points: [{train_size, label,
+      accuracy, macro_f1}]} (last label "all"), or None;
+    - ``warnings`` (list of text) and ``seconds``.
     """
     started = time.perf_counter()
-    if not isinstance(cv, int) or isinstance(cv, bool) or cv < 2:
-        raise ProbeInputError(f"cv must be an integer >= 2 (number of folds); got {cv!r}")
-    if head == "scalar_mix":
-        raise ProbeInputError("'scalar_mix' reads all hidden states; ask for it as a view, not a head")
-    make_head(head, seed)  # unknown head: fail before any work
+    check_options(cv=cv, head=head, views=views, poolings=poolings)  # before any work
     y = check_labels(labels, cv)
-    if isinstance(views, str) or not views:
-        raise ProbeInputError("views must be a non-empty list, e.g. ['each_layer', 'scalar_mix']")
-    if isinstance(poolings, str) or not poolings:
-        raise ProbeInputError("poolings must be a non-empty list, e.g. ['mean', 'cls']")
-    for spec in views:
-        if spec not in ("each_layer", "scalar_mix"):
-            _parse(spec)
     classes, counts = np.unique(y, return_counts=True)
     folds: Folds = list(StratifiedKFold(cv, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
 
     def load(pooling: str) -> np.ndarray:
-        states = np.asarray(get_states(pooling))
-        if states.ndim != 3 or len(states) != len(y):
-            raise ProbeInputError(f"pooling {pooling!r}: expected hidden states [n={len(y)}, H, d]; "
-                                  f"got shape {states.shape}")
-        return states
+        return check_states(get_states(pooling), len(y), pooling)
 
     first = load(poolings[0])
     n_states, hidden = first.shape[1:]
-    specs = _expand_views(views, n_states)
-    for spec in specs:
-        if spec != "scalar_mix":
-            try:
-                _parse(spec).needed_layers(n_states)
-            except ViewError as e:
-                raise ProbeInputError(str(e)) from None
-    singles = [s for s in specs if _single_layer(s, n_states) is not None]
+    specs = expand_views(views, n_states)
+    singles = [s for s in specs if single_layer(s, n_states) is not None]
     sizes = _learning_sizes(train_sizes, folds, len(classes)) if learning_curve else []
     per_pooling = len(specs) * cv + (1 if "scalar_mix" in specs else 0)
     total = len(poolings) * per_pooling + (len(singles) + 1) * cv * control_task + len(sizes) * cv
@@ -237,17 +190,17 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
         for i, pooling in enumerate(poolings):
             states = first if i == 0 else load(pooling)
             for spec in specs:
-                entry = {"view": spec, "pooling": pooling, "layer": _single_layer(spec, n_states)}
+                entry = {"view": spec, "pooling": pooling, "layer": single_layer(spec, n_states)}
                 X = _features(spec, states)
                 scores = _cross_validate(_estimator(spec, head, seed), X, y, folds, tick, keep=spec == "scalar_mix")
                 if spec == "scalar_mix":
                     weights = np.array([m.layer_weights_ for m in scores.pop("_models")])
-                    full = fit_head(states, y, "scalar_mix")
+                    full = fit_head(states, y, "scalar_mix", seed=seed, threads=threads)
                     tick()
                     mixes[pooling] = {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
                                       "layer_weights": full.layer_weights_.tolist(),
                                       "layer_weights_fold_std": weights.std(axis=0).tolist(),
-                                      "gamma": full.gamma_, "view": weighted_view_spec(full)}
+                                      "gamma": full.gamma_, "C": full.C_, "view": weighted_view_spec(full)}
                 if scores["folds_not_converged"]:
                     warned.append(f"{spec} / {pooling}: {scores['folds_not_converged']} of {cv} fits "
                                   "stopped at max_iter before converging")
@@ -264,7 +217,7 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
         curve = _learning_curve(best_states, y, best, sizes, folds, head, seed, tick) if learning_curve else None
     tick(total - done)
     return {
-        "task": {"n_examples": int(len(y)), "classes": [c.item() for c in classes],
+        "task": {"n_examples": len(y), "classes": [c.item() for c in classes],
                  "class_counts": {str(c.item()): int(k) for c, k in zip(classes, counts)},
                  "chance_accuracy": float(counts.max() / len(y)), "n_hidden_states": int(n_states),
                  "hidden_size": int(hidden), "cv": cv, "seed": seed, "head": head, "metric": "accuracy"},
@@ -296,7 +249,7 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
     for spec in specs:
         scores = _cross_validate(_estimator(spec, head, seed), _features(spec, states), y_control, folds, tick)
         control = scores["accuracy"]["mean"]
-        rows.append({"view": spec, "pooling": best["pooling"], "layer": _single_layer(spec, states.shape[1]),
+        rows.append({"view": spec, "pooling": best["pooling"], "layer": single_layer(spec, states.shape[1]),
                      "task_accuracy": task[spec], "control_accuracy": control,
                      "control_accuracy_std": scores["accuracy"]["std"],
                      "control_folds": scores["accuracy"]["folds"], "selectivity": task[spec] - control})

@@ -136,7 +136,7 @@ class ScalarMixHead(ClassifierMixin, BaseEstimator):
     _scalars = ("gamma_", "C_", "n_iter_", "hidden_size_")
 
     def __init__(self, Cs: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0), inner_cv: int = 3,
-                 mix_prior: float = 10.0, max_iter: int = 30, tol: float = 1e-6,
+                 mix_prior: float = 20.0, max_iter: int = 30, tol: float = 1e-6,
                  random_state: int | None = 0) -> None:
         self.Cs = Cs
         self.mix_prior = mix_prior

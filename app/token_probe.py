@@ -19,8 +19,8 @@ Views: ``"each_layer"`` expands to ``layer:0 .. layer:L``; any other string
 is a cache.views spec (``layer:-2``, ``concat_last_4``, ``mean_all``,
 ``weighted:...``, ``all_layers`` flattened), or ``"scalar_mix"``: a learned
 ELMo mix of all hidden states fitted jointly with the linear head
-(app.scalar_mix.ScalarMixHead, with ``l2 = 1 / (C * n_train)`` so its penalty
-matches the logistic head's ``C``); its row adds ``mix`` = {"layer_weights"
+(app.scalar_mix.ScalarMixHead with ``Cs=(C,)``: the same C as the other
+views, not chosen by inner CV); its row adds ``mix`` = {"layer_weights"
 (softmax, sums to 1), "gamma", "weighted_view" (the ``weighted:...`` spec that
 reproduces the mix up to a shift), "rounds"}; other rows have ``mix`` None.
 
@@ -171,8 +171,9 @@ def _fit_predict(
         return np.full(x_valid.shape[0], classes[0], dtype=object), 0.0, True, None
     head: Any
     if mix:
-        # sklearn's C multiplies the summed loss; ScalarMixHead's l2 is on the mean.
-        head = ScalarMixHead(l2=1.0 / (c * x_train.shape[0]))
+        # One C, as for the other views (no inner CV): the head's logistic
+        # regression at the uniform mix is then the mean_all row's, up to scaling.
+        head = ScalarMixHead(Cs=(c,), random_state=seed)
     else:
         head = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
     with warnings.catch_warnings(record=True) as caught:

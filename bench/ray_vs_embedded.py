@@ -2,20 +2,28 @@
 
 Both backends extract the same N texts (AG News dev, seeded sample) with the
 bundled all-MiniLM-L6-v2 into fresh stores, so nothing is a cache hit. The
-embedded backend runs one encoder with all the machine's threads; Ray runs a
-local cluster with ``--actors`` CPU encoder actors of ``cores / actors``
-threads each (the same cores, split). What is reported:
+embedded backend runs one encoder with all the machine's threads. Ray runs
+on a local cluster twice: ``ray-1`` with one actor using all the threads
+(the same compute as embedded, so the difference is Ray's overhead), and
+``ray-N`` with ``--actors`` actors of ``cores / actors`` threads each (the
+same cores, split). What is reported:
 
 - ``ray_start_s``: ``ray.init`` of a local cluster (paid once per server);
-- per run: wall seconds, texts/s, tokens/s, and for Ray the overhead over
-  embedded (``ray_s / embedded_s - 1``), which includes starting the actor
-  processes and loading the model in each (paid once per job);
+- per run: wall seconds, texts/s, tokens/s, and for Ray the change against
+  embedded (``ray_s / embedded_s - 1``, embedded_s being the mean of one run
+  before and one after the Ray runs, as load drifts on a shared machine),
+  which includes starting the actor processes and loading the model in each
+  (paid once per job);
 - whether the two stores hold the same rows (max |difference| of the stored
   ``mean`` vectors, float16 storage).
 
 Run::
 
-    .venv/bin/python bench/ray_vs_embedded.py --texts 2000 --actors 2
+    .venv/bin/python bench/ray_vs_embedded.py --texts 2000 --actors 2 --threads 1
+
+``--threads 1`` on a machine shared with other work: two torch threads in
+one process slow down badly when the cores are oversubscribed, which would
+flatter Ray's split actors.
 
 Prints a table and writes bench/out/ray_vs_embedded.json.
 """
@@ -88,38 +96,55 @@ def main() -> None:
     results["embedded"] = run("embedded", texts, emb_store, encoder, **common)
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=args.threads, num_gpus=0, include_dashboard=False, log_to_driver=False,
+    # one logical CPU per actor at least: a CPU actor reserves num_cpus=1
+    ray.init(num_cpus=max(args.threads, args.actors), num_gpus=0, include_dashboard=False, log_to_driver=False,
              object_store_memory=200 * 1024**2)
     results["ray_start_s"] = round(time.perf_counter() - t0, 2)
-    per_actor = max(1, args.threads // args.actors)
-    ray_store = FeatureStore(tmp / "ray")
-    results["ray"] = run("ray", texts, ray_store, encoder, ray_actors=args.actors,
-                         threads=per_actor, **common)
-    results["ray"]["threads_per_actor"] = per_actor
-    ray.shutdown()
-    results["ray_overhead"] = round(results["ray"]["seconds"] / results["embedded"]["seconds"] - 1, 3)
-    results["ray_overhead_incl_start"] = round(
-        (results["ray"]["seconds"] + results["ray_start_s"]) / results["embedded"]["seconds"] - 1, 3)
-
     keys = sorted({emb_store.key(encoder.fingerprint, encoder.config, t) for t in texts})
-    a, b = emb_store.read_pooled(keys, "mean"), ray_store.read_pooled(keys, "mean")
-    results["same_rows"] = bool(a.found.all() and b.found.all())
-    results["max_abs_diff_mean"] = float(np.abs(a.data - b.data).max())
+    ref = emb_store.read_pooled(keys, "mean")
+    runs = ["embedded"]
+    for actors in dict.fromkeys([1, args.actors]):
+        name, per_actor = f"ray-{actors}", max(1, args.threads // actors)
+        store = FeatureStore(tmp / name)
+        results[name] = run("ray", texts, store, encoder, ray_actors=actors, threads=per_actor,
+                            **common)
+        r = results[name]
+        r["threads_per_actor"] = per_actor
+        got = store.read_pooled(keys, "mean")
+        r["same_rows"] = bool(ref.found.all() and got.found.all())
+        r["max_abs_diff_mean"] = float(np.abs(ref.data - got.data).max())
+        runs.append(name)
+    ray.shutdown()
+    # embedded once more, after Ray: on a shared machine the load drifts during a run, so the
+    # baseline is the mean of a run before and a run after the Ray runs
+    results["embedded_after"] = run("embedded", texts, FeatureStore(tmp / "embedded-after"), encoder,
+                                    **common)
+    base = (results["embedded"]["seconds"] + results["embedded_after"]["seconds"]) / 2
+    results["embedded_mean_s"] = round(base, 2)
+    for name in runs[1:]:
+        r = results[name]
+        r["vs_embedded"] = round(r["seconds"] / base - 1, 3)
+        r["vs_embedded_incl_start"] = round((r["seconds"] + results["ray_start_s"]) / base - 1, 3)
+    runs.append("embedded_after")
 
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "ray_vs_embedded.json").write_text(json.dumps(results, indent=2))
-    print(f"{len(texts)} AG News texts, bundled MiniLM-L6 on CPU, {args.threads} cores "
+    print(f"{len(texts)} AG News texts, bundled MiniLM-L6 on CPU, {os.cpu_count()} cores "
           f"(load avg {results['load_avg_at_start']:.1f} at start)")
-    print(f"{'backend':<10}{'seconds':>9}{'texts/s':>10}{'tokens/s':>11}{'shards':>8}")
-    for k in ("embedded", "ray"):
+    print("| run | actors x threads | seconds | texts/s | tokens/s | vs embedded | same rows |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for k in runs:
         r = results[k]
-        print(f"{k:<10}{r['seconds']:>9.2f}{r['texts_per_s']:>10.1f}{r['tokens_per_s']:>11.1f}"
-              f"{r['shards']:>8}")
-    print(f"ray.init (local, once per server): {results['ray_start_s']:.2f} s")
-    print(f"Ray overhead per job: {results['ray_overhead']:+.1%} "
-          f"({results['ray_overhead_incl_start']:+.1%} counting ray.init)")
-    print(f"same rows stored: {results['same_rows']}, max |mean diff| {results['max_abs_diff_mean']:.2e}")
+        emb = k.startswith("embedded")
+        shape = f"1 x {args.threads}" if emb else f"{k[4:]} x {r['threads_per_actor']}"
+        vs = "" if emb else f"{r['vs_embedded']:+.1%}"
+        same = "" if emb else f"{r['same_rows']} (max diff {r['max_abs_diff_mean']:.1e})"
+        print(f"| {k} | {shape} | {r['seconds']:.1f} | {r['texts_per_s']:.1f} | "
+              f"{r['tokens_per_s']:.0f} | {vs} | {same} |")
+    print(f"'vs embedded' compares with the mean of the two embedded runs "
+          f"({results['embedded_mean_s']:.1f} s)")
+    print(f"ray.init of a local Ray (once per server, not per job): {results['ray_start_s']:.1f} s")
 
 
 if __name__ == "__main__":

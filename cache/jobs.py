@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 import uuid
@@ -209,7 +210,7 @@ class JobQueue:
             db.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,?)",
                        (worker_id, pid, json.dumps(info), time.time()))
 
-    def live_workers(self, within_s: float) -> list[dict[str, Any]]:
+    def live_workers(self, within_s: float) -> "builtins.list[dict[str, Any]]":
         rows = self.catalog.conn().execute("SELECT id, pid, info, last_seen FROM workers "
                                            "WHERE last_seen > ?", (time.time() - within_s,))
         return [{"id": i, "pid": p, **json.loads(info), "last_seen": t} for i, p, info, t in rows]

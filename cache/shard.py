@@ -207,6 +207,31 @@ class ShardReader:
             out.append(int(k) % n_states)
         return out
 
+    @staticmethod
+    def _runs(offsets: np.ndarray, uniq: np.ndarray,
+              chunks: tuple[int, ...] | None) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """Token ranges to read for sorted rows ``uniq``, and where each row starts in their concatenation.
+
+        Rows closer than one chunk are read as one range: the chunk between
+        them is decompressed either way, and one read of a range costs far
+        less than one read per row.
+        """
+        gap = chunks[0] if chunks else 0
+        starts, ends = offsets[uniq], offsets[uniq + 1]
+        pieces: list[tuple[int, int]] = []
+        local = np.empty(len(uniq), dtype=np.int64)
+        size = 0
+        for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+            if pieces and a - pieces[-1][1] <= gap:
+                local[i] = size - (pieces[-1][1] - pieces[-1][0]) + (a - pieces[-1][0])
+                size += b - pieces[-1][1]
+                pieces[-1] = (pieces[-1][0], b)
+            else:
+                local[i] = size
+                size += b - a
+                pieces.append((a, b))
+        return pieces, local
+
     def read_tokens(self, row: int, layers: list[int] | None = None) -> TokenRows:
         """Token-level states of one row: states [t, len(layers), d]."""
         return self.read_tokens_many([row], layers)[0]
@@ -214,9 +239,8 @@ class ShardReader:
     def read_tokens_many(self, rows: Sequence[int], layers: list[int] | None = None) -> list[TokenRows]:
         """Token-level states of many rows (any order, repeats allowed), in ``rows`` order.
 
-        Reads each dataset once over the span the rows cover when they are
-        dense in it (the common case: a dataset's sentences sit in few
-        shards), else row by row; thousands of one-row reads cost far more.
+        Each dataset is read in few ranges (rows less than a chunk apart are
+        merged), not row by row: thousands of one-row reads cost far more.
         """
         f = self._open()
         try:
@@ -234,13 +258,6 @@ class ShardReader:
             raise CorruptShardError(self.path, f"row {int(idx.max())} is past the token offsets")
         uniq = np.unique(idx)
         lengths = offsets[uniq + 1] - offsets[uniq]
-        lo, hi = int(offsets[uniq[0]]), int(offsets[uniq[-1] + 1])
-        if int(lengths.sum()) * 2 >= hi - lo:
-            pieces = [(lo, hi)]
-            local = offsets[uniq] - lo  # where each unique row starts in the block
-        else:
-            pieces = [(int(offsets[r]), int(offsets[r + 1])) for r in uniq]
-            local = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 
         def block(name: str) -> np.ndarray:
             ds = g[name]
@@ -249,7 +266,13 @@ class ShardReader:
             return np.concatenate([ds[a:b] for a, b in pieces])
 
         try:
-            states = np.stack([block(f"layer_{i}") for i in resolved], axis=1)
+            first = g[f"layer_{resolved[0]}"]
+            pieces, local = self._runs(offsets, uniq, first.chunks)
+            size = sum(b - a for a, b in pieces)
+            # filled layer by layer: one [t, L, d] array, no second copy as np.stack makes
+            states = np.empty((size, len(resolved), first.shape[1]), dtype=first.dtype)
+            for j, i in enumerate(resolved):
+                states[:, j] = block(f"layer_{i}")
             ids, spans, word_ids = block("ids"), block("char_spans"), block("word_ids")
         except KeyError as e:
             raise CorruptShardError(self.path, f"no token-level states: {e}") from e

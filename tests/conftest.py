@@ -32,8 +32,9 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -50,8 +51,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     from cache.fingerprint import default_model_path
 
-    # the machine is shared: a tiny model gains nothing from many threads
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # one thread: a tiny model gains nothing from more, and on a shared, busy
+    # machine extra OpenMP threads spin and wait (measured 15x slower with 2)
+    torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(default_model_path(), use_fast=True)
     config = BertConfig(hidden_size=TINY_HIDDEN, num_hidden_layers=TINY_LAYERS,
                         num_attention_heads=2, intermediate_size=37, vocab_size=len(tok),
@@ -73,7 +75,7 @@ def tiny_encoder(tiny_model_dir: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator["object"]:
+def store(tmp_path: Path) -> Iterator[Any]:
     """An empty ``cache.store.FeatureStore`` under the test's tmp directory."""
     from cache.store import FeatureStore
 

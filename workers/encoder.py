@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -28,11 +29,11 @@ import torch
 
 from cache.fingerprint import default_model_path, model_fingerprint
 from cache.keys import ExtractionConfig
-from cache.shard import TokenRows
+from cache.shard import POOLINGS, TokenRows
 
 from .precision import autocast_dtype, resolve_precision
 
-__all__ = ["Encoder", "Tokenized", "Encoded", "ModelLoadError"]
+__all__ = ["Encoder", "Tokenized", "Encoded", "ModelLoadError", "pool_hidden_states", "set_threads"]
 
 
 class ModelLoadError(RuntimeError):
@@ -154,39 +155,69 @@ class Encoder:
     def encode(self, batch: Tokenized, want_tokens: bool = False) -> Encoded:
         """Run the model on one batch and pool every hidden state."""
         n = len(batch.input_ids)
-        t = max(batch.lengths)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((n, t), pad, dtype=torch.long)
-        mask = torch.zeros((n, t), dtype=torch.long)
-        for i, row in enumerate(batch.input_ids):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
-        pin = self.device.type == "cuda"
-        ids = (ids.pin_memory() if pin else ids).to(self.device, non_blocking=pin)
-        mask = (mask.pin_memory() if pin else mask).to(self.device, non_blocking=pin)
+        lengths = np.fromiter((len(x) for x in batch.input_ids), dtype=np.int64, count=n)
+        t = int(lengths.max())
+        real = np.arange(t)[None, :] < lengths[:, None]  # [n, t]: True on real tokens
+        ids = np.full((n, t), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        ids[real] = np.fromiter(itertools.chain.from_iterable(batch.input_ids), dtype=np.int64,
+                                count=int(lengths.sum()))  # row-major: row by row, as given
+        ids_dev = self._to_device(torch.from_numpy(ids))
+        mask_dev = self._to_device(torch.from_numpy(real.astype(np.int64)))
         with self._autocast():
-            out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            out = self.model(input_ids=ids_dev, attention_mask=mask_dev, output_hidden_states=True)
         self.calls += 1
-        # [n, H, t, d] in float32: pooling accumulates in float32 whatever autocast did
-        hs = torch.stack(out.hidden_states, dim=1).float()
-        m = mask[:, None, :, None].to(hs.dtype)
-        counts = mask.sum(dim=1).clamp(min=1).to(hs.dtype)[:, None, None]
-        mean = (hs * m).sum(dim=2) / counts
-        cls_ = hs[:, :, 0]
-        mx = hs.masked_fill(m == 0, float("-inf")).amax(dim=2)
-        pooled = {"mean": mean.cpu().numpy(), "cls": cls_.cpu().numpy(), "max": mx.cpu().numpy()}
+        pooled = self._to_host(pool_hidden_states(out.hidden_states, mask_dev,
+                                                  padded=bool(lengths.min() < t)))
         tokens = None
         if want_tokens:
             if batch.offsets is None or batch.word_ids is None:
                 raise ValueError("token-level states need a batch tokenized with want_offsets=True")
-            host = hs.permute(0, 2, 1, 3).cpu().numpy()  # [n, t, H, d]
+            host = self._to_host(torch.stack(out.hidden_states, dim=2).float())  # [n, t, H, d]
             tokens = [TokenRows(host[i, : len(batch.input_ids[i])],
                                 np.asarray(batch.input_ids[i], dtype=np.int32),
                                 np.asarray(batch.offsets[i], dtype=np.int32).reshape(-1, 2),
                                 np.asarray(batch.word_ids[i], dtype=np.int32))
                       for i in range(n)]
-        return Encoded(pooled, np.asarray(batch.lengths, dtype=np.int32),
-                       np.asarray(batch.truncated, dtype=bool), tokens)
+        return Encoded({name: pooled[j] for j, name in enumerate(POOLINGS)},
+                       lengths.astype(np.int32), np.asarray(batch.truncated, dtype=bool), tokens)
+
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return x
+        # pinned host memory lets the copy run asynchronously with the host's next work
+        return x.pin_memory().to(self.device, non_blocking=True)
+
+    def _to_host(self, x: torch.Tensor) -> np.ndarray:
+        if self.device.type != "cuda":
+            return x.numpy()
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host.numpy()
+
+
+
+def pool_hidden_states(hidden_states: Sequence[torch.Tensor], mask: torch.Tensor,
+                       padded: bool = True) -> torch.Tensor:
+    """[3, n, H, d] float32: mean, cls and max of every hidden state over real tokens.
+
+    One layer at a time, each cast to float32 on its own, so the largest
+    temporary is one [n, t, d] layer, never the [n, H, t, d] stack. The mean is
+    a batched matrix product of the 0/1 mask with the states (float32
+    accumulation, no masked copy); the max masks padding only when the batch
+    has any.
+    """
+    n, _, d = hidden_states[0].shape
+    out = torch.empty((3, n, len(hidden_states), d), dtype=torch.float32, device=mask.device)
+    weights = mask.to(torch.float32)[:, None, :]  # [n, 1, t]
+    counts = weights.sum(dim=2).clamp(min=1)  # [n, 1]
+    pad = (mask == 0)[:, :, None] if padded else None
+    for i, h in enumerate(hidden_states):
+        h = h.float()
+        out[0, :, i] = torch.bmm(weights, h)[:, 0] / counts
+        out[1, :, i] = h[:, 0]
+        out[2, :, i] = (h if pad is None else h.masked_fill(pad, float("-inf"))).amax(dim=1)
+    return out
 
 
 def _looks_like_path(name: str) -> bool:

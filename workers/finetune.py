@@ -60,7 +60,7 @@ class Split:
 class TrainSettings:
     regime: str
     lr: float
-    head_lr: float = 1e-3  # the head starts random: it needs a larger step than the encoder
+    head_lr: float = 1e-3  # the head is new: it needs a larger step than the encoder
     max_epochs: int = 10
     patience: int = 2
     batch_size: int = 16
@@ -70,6 +70,9 @@ class TrainSettings:
     seed: int = 0
     device: str = "cpu"
     decay: float = 2.6  # ULMFiT: each lower layer's rate is the one above / 2.6
+    # (weight [C, d], bias [C]) to start the head from, e.g. a linear probe (LP-FT);
+    # None: PyTorch's random init.
+    head_init: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -190,7 +193,12 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
     with PeakMemory(s.device) as memory:
         body = copy.deepcopy(encoder)
         encoder_trainable = configure(body, s.regime, top_k=s.top_k)
-        model = SequenceClassifier(body, n_classes).to(s.device)
+        model = SequenceClassifier(body, n_classes)
+        if s.head_init is not None:
+            with torch.no_grad():
+                model.head.weight.copy_(torch.as_tensor(s.head_init[0]))
+                model.head.bias.copy_(torch.as_tensor(s.head_init[1]))
+        model.to(s.device)
         stored = [n for n, p in model.named_parameters() if p.requires_grad]
         groups = gradual_groups(body) if s.regime == "gradual" else None
         optimizer = make_optimizer(model, s, groups)

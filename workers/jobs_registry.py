@@ -98,8 +98,8 @@ def run_extract(ctx: JobContext) -> dict[str, Any]:
                        f"{enc.config.canonical()}")
     items = ctx.datasets.items(ds_id)
     want_tokens = bool(ctx.job.payload.get("want_tokens")) or ds.task == "token"
-    summary = extract(items.texts, ctx.store, enc, job_id=ctx.job.id, want_tokens=want_tokens,
-                      part_size=ctx.options.part_size, max_tokens=ctx.options.max_tokens,
-                      progress=ctx.progress, should_continue=ctx.should_continue)
+    # the worker's backend: this process's encoder, or actors on a Ray cluster
+    summary = ctx.worker.backend.run(items.texts, ctx.job.id, want_tokens=want_tokens,
+                                     progress=ctx.progress, should_continue=ctx.should_continue)
     _count(ctx, summary)
     return summary.as_dict()

@@ -58,15 +58,17 @@ class LocalExtractor:
 
     def extract(self, texts: Sequence[str], *, job_id: str, want_tokens: bool = False,
                 progress_bar: bool = False, max_tokens: int = 16384, part_size: int = 2048,
-                backend: str = "embedded", ray_address: str | None = None) -> ExtractSummary:
-        if backend == "ray":
-            from .ray_backend import extract_with_ray  # optional extra
-
-            return extract_with_ray(texts, self.store, self.encoder, job_id=job_id,
-                                    want_tokens=want_tokens, address=ray_address,
-                                    part_size=part_size, max_tokens=max_tokens)
+                backend: str = "embedded", ray_address: str | None = None,
+                ray_actors: int = 1) -> ExtractSummary:
         bar = _Bar() if progress_bar else None
         try:
+            if backend == "ray":
+                from .ray_backend import extract_with_ray  # optional extra
+
+                return extract_with_ray(texts, self.store, self.encoder, job_id=job_id,
+                                        want_tokens=want_tokens, address=ray_address,
+                                        part_size=part_size, max_tokens=max_tokens,
+                                        actors=ray_actors, progress=bar.update if bar else None)
             return extract(texts, self.store, self.encoder, job_id=job_id, want_tokens=want_tokens,
                            part_size=part_size, max_tokens=max_tokens,
                            progress=bar.update if bar else None)

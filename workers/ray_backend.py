@@ -140,6 +140,7 @@ class ShardEncoder:
             attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
             n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
             os.replace(attempt, final)
+            _fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
             self._maybe_die()
             metas.append(json.dumps({
                 "name": str(name), "keys": keys, "n_tokens": enc.n_tokens.tolist(),
@@ -164,6 +165,14 @@ class ShardEncoder:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         os._exit(1)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _encoder_spec(encoder: Encoder) -> dict[str, Any]:
@@ -266,6 +275,10 @@ def _run(todo: list[dict[str, Any]], store: FeatureStore, encoder: Encoder, want
     ray = require_ray()
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
+    # an actor that dies while loading the model (its node went away) is replaced, up to
+    # 3 times in a row; a model that cannot load anywhere still fails the job quickly
+    if 0 <= ctx.max_consecutive_actor_init_deaths < 3:
+        ctx.max_consecutive_actor_init_deaths = 3
     if gpus_per_actor is None:
         gpus_per_actor = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
     ds = ray.data.from_items(todo, override_num_blocks=len(todo))

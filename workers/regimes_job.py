@@ -11,7 +11,9 @@ requested regime (``workers.regimes``) and scores it on the same test split.
   train; the state with the best validation macro-F1 (first on ties) is
   scored on test. It is deterministic, so its spread over seeds comes only
   from the training subsample (zero when the whole train split is used).
-* the other regimes fine-tune a copy of the encoder (``workers.finetune``).
+* the other regimes fine-tune a copy of the encoder (``workers.finetune``),
+  the head starting by default from a probe on the last hidden state of the
+  same training rows (LP-FT; ``probe_head``).
 
 With ``train_sizes``, seed ``s`` draws a stratified subsample of the train
 split that every regime shares (paired comparison); validation and test stay
@@ -34,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,118 +44,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import accuracy_score, f1_score
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import StandardScaler
-from threadpoolctl import threadpool_limits
 
 from cache.fingerprint import default_model_path
 from workers.batching import token_budget_batches
 from workers.encoder import Encoder, Tokenized
 from workers.finetune import Split, TrainSettings, finetune
-from workers.regimes import LORA_RANK, REGIMES, default_top_k, encoder_params, expected_trainable, head_params
+from workers.linear_probe import probe_head, probe_layers, stratified_split, subsample
+from workers.regimes import LORA_RANK, REGIMES, default_top_k, encoder_params
+from workers.regimes_result import choose, save_artifact, table_row
 from workers.resources import PeakMemory, check_cancel, freeing_on_cancel
 
-__all__ = ["DEFAULT_LR", "choose", "probe_layers", "run_regimes", "stratified_split"]
+__all__ = ["DEFAULT_LR", "run_regimes"]
 
 # Encoder learning rates (the head always uses head_lr): few parameters need
 # large steps (BitFit, LoRA), whole layers need small ones.
 DEFAULT_LR = {"bitfit": 1e-3, "lora": 5e-4, "top_k": 5e-5, "gradual": 5e-5, "full": 5e-5}
 Progress = Callable[[int, int], None] | None
-
-
-def stratified_split(labels: np.ndarray, test_size: float, val_size: float,
-                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Indices of train, validation and test, each stratified by label."""
-    idx = np.arange(len(labels))
-    rest, test = train_test_split(idx, test_size=test_size, stratify=labels, random_state=seed)
-    train, val = train_test_split(rest, test_size=val_size / (1 - test_size),
-                                  stratify=labels[rest], random_state=seed)
-    return np.sort(train), np.sort(val), np.sort(test)
-
-
-def _subsample(train: np.ndarray, labels: np.ndarray, size: int | None, split_seed: int,
-               seed: int) -> np.ndarray:
-    if size is None or size >= len(train):
-        return train
-    state = int(np.random.SeedSequence([split_seed, seed, size]).generate_state(1)[0])
-    part, _ = train_test_split(train, train_size=size, stratify=labels[train], random_state=state)
-    return np.sort(part)
-
-
-def probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray,
-                 test: np.ndarray) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Scaler + logistic regression per hidden state; pick by validation macro-F1."""
-    # One BLAS thread: each fit is small (n x d), and on a busy machine waking
-    # BLAS threads cost 100x the fit itself (measured: 0.35 s against 3 ms).
-    with threadpool_limits(limits=1):
-        return _probe_layers(features, y, train, val, test)
-
-
-def _probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray,
-                  test: np.ndarray) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    best: tuple[float, int, StandardScaler, LogisticRegression] | None = None
-    val_f1s = []
-    for layer in range(features.shape[1]):
-        scaler = StandardScaler().fit(features[train, layer])
-        clf = LogisticRegression(C=1.0, max_iter=2000)
-        clf.fit(scaler.transform(features[train, layer]), y[train])
-        f1 = float(f1_score(y[val], clf.predict(scaler.transform(features[val, layer])), average="macro"))
-        val_f1s.append(f1)
-        if best is None or f1 > best[0]:
-            best = (f1, layer, scaler, clf)
-    assert best is not None
-    f1, layer, scaler, clf = best
-    pred = clf.predict(scaler.transform(features[test, layer]))
-    arrays = {"scaler_mean": scaler.mean_, "scaler_scale": scaler.scale_, "coef": clf.coef_,
-              "intercept": clf.intercept_}
-    metrics = {"layer": layer, "val_macro_f1": f1, "val_macro_f1_by_layer": val_f1s,
-               "test_accuracy": float(accuracy_score(y[test], pred)),
-               "test_macro_f1": float(f1_score(y[test], pred, average="macro")),
-               "trainable": int(clf.coef_.size + clf.intercept_.size)}
-    stored = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
-    metrics["stored_params"] = sum(int(v.size) for v in stored.values())
-    return metrics, stored
-
-
-def choose(regimes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Best regime by mean macro-F1, those within one std of it, the cheapest of those."""
-    best = max(regimes, key=lambda r: regimes[r]["macro_f1_mean"])
-    floor = regimes[best]["macro_f1_mean"] - regimes[best]["macro_f1_std"]
-    near = [r for r in regimes if regimes[r]["macro_f1_mean"] >= floor]
-    cheapest = min(near, key=lambda r: (regimes[r]["bytes_per_task"], regimes[r]["trainable_params"]))
-    return {"best": best, "within_noise": near, "cheapest_within_one_std": cheapest}
-
-
-def _save(out_dir: Path | None, stem: str, tensors: Mapping[str, Any], meta: dict[str, Any]) -> None:
-    """Write ``stem.safetensors`` + ``stem.json`` atomically (no pickle anywhere)."""
-    if out_dir is None:
-        return
-    path = out_dir / stem
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".safetensors.tmp")
-    first = next(iter(tensors.values()))
-    if isinstance(first, np.ndarray):
-        from safetensors.numpy import save_file as save_numpy
-        save_numpy(dict(tensors), str(tmp))
-    else:
-        from safetensors.torch import save_file as save_torch
-        save_torch({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path.with_suffix(".safetensors"))
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-
-
-def _summary(runs: list[dict[str, Any]], **fixed: Any) -> dict[str, Any]:
-    out = dict(fixed)
-    for key, name in (("test_accuracy", "accuracy"), ("test_macro_f1", "macro_f1")):
-        vals = np.array([r[key] for r in runs], dtype=float)
-        out[f"{name}_mean"] = float(vals.mean())
-        out[f"{name}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-    out["seconds_per_epoch"] = float(np.mean([r["seconds_per_epoch"] for r in runs]))
-    out["peak_memory_bytes"] = int(max(r["peak_memory_bytes"] for r in runs))
-    out["runs"] = runs
-    return out
 
 
 def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str | None = None,
@@ -163,7 +68,7 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
                 split_seed: int = 0, test_size: float = 0.2, val_size: float = 0.1,
                 max_epochs: int | Mapping[int, int] = 10, patience: int = 2, batch_size: int = 16,
                 lr: float | Mapping[str, float] | None = None, head_lr: float = 1e-3,
-                max_length: int = 128, device: str = "auto",
+                max_length: int = 128, device: str = "auto", head_init: str = "probe",
                 frozen_features: np.ndarray | None = None, out_dir: str | os.PathLike[str] | None = None,
                 progress: Progress = None,
                 should_cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
@@ -171,7 +76,10 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
 
     ``top_k`` is how many bottom layers the ``top_k`` regime freezes (default half);
     ``max_epochs`` may map each train size to its epoch budget; ``lr`` overrides
-    ``DEFAULT_LR`` for all regimes (a float) or some (a mapping). Raises
+    ``DEFAULT_LR`` for all regimes (a float) or some (a mapping); ``head_init``
+    "probe" starts every fine-tuned head from ``probe_head`` on the last hidden
+    state's mean-pooled features of the same training rows, "random" from
+    PyTorch's init. Raises
     ``Cancelled`` (memory already freed) when ``should_cancel()`` turns true, and
     ``ValueError`` for inconsistent input.
     """
@@ -185,13 +93,15 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
     out = None if out_dir is None else Path(out_dir).resolve()
     if out is not None and out.is_relative_to(Path(model_path).resolve()):
         raise ValueError("out_dir must not be inside the model directory (weights are read-only)")
+    if head_init not in ("probe", "random"):
+        raise ValueError(f"head_init must be 'probe' or 'random', got {head_init!r}")
     rates = dict(DEFAULT_LR)
-    rates.update(lr if isinstance(lr, Mapping) else dict.fromkeys(rates, lr) if lr else {})
+    rates.update(lr if isinstance(lr, Mapping) else {} if lr is None else dict.fromkeys(rates, lr))
     dev = device if device != "auto" else ("cuda" if _cuda() else "cpu")
     job = _Job(regimes=tuple(regimes), seeds=[*range(seeds)] if isinstance(seeds, int) else [*seeds],
                sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
                split_seed=split_seed, top_k=top_k, patience=patience, batch_size=batch_size,
-               rates=rates, head_lr=head_lr, device=dev, out=out, progress=progress,
+               rates=rates, head_lr=head_lr, head_init=head_init, device=dev, out=out, progress=progress,
                should_cancel=should_cancel)
     return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, test_size, val_size,
                              max_length, frozen_features)
@@ -224,6 +134,7 @@ class _Job:
     batch_size: int
     rates: dict[str, float]
     head_lr: float
+    head_init: str
     device: str
     out: Path | None
     progress: Progress
@@ -248,7 +159,8 @@ class _Job:
         self.total = sum(len(self.seeds) * (("frozen" in self.regimes) + len(trained) * self.epochs[s])
                          for s in self.sizes)
         feature_seconds = 0.0
-        if "frozen" in self.regimes and features is None:
+        lp_ft = self.head_init == "probe" and bool(trained)
+        if ("frozen" in self.regimes or lp_ft) and features is None:
             started = time.perf_counter()
             features = _mean_features(encoder, ids, self.should_cancel)
             feature_seconds = time.perf_counter() - started
@@ -265,7 +177,11 @@ class _Job:
             runs: dict[str, list[dict[str, Any]]] = {r: [] for r in self.regimes}
             probes: dict[bytes, dict[str, Any]] = {}
             for seed in self.seeds:
-                rows = _subsample(train, y, size, self.split_seed, seed)
+                rows = subsample(train, y, size, self.split_seed, seed)
+                head = None
+                if lp_ft:
+                    assert features is not None
+                    head = probe_head(features[rows, -1].astype(np.float32), y[rows], len(classes))
                 stem = f"size{len(rows)}/{{}}/seed{seed}"
                 for regime in self.regimes:
                     check_cancel(self.should_cancel)
@@ -280,7 +196,7 @@ class _Job:
                     settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
                                              max_epochs=self.epochs[size], patience=self.patience,
                                              batch_size=self.batch_size, top_k=n_frozen, seed=seed,
-                                             device=self.device)
+                                             device=self.device, head_init=head)
                     base = self.done
 
                     def tick(epoch: int, _n: int, base: int = base) -> None:
@@ -290,13 +206,13 @@ class _Job:
                                    self.should_cancel)
                     self._tick(base + self.epochs[size])  # early stopping skips the rest
                     scores = {k: v for k, v in vars(run).items() if k != "state"}
-                    _save(self.out, stem.format(regime), run.state,
+                    save_artifact(self.out, stem.format(regime), run.state,
                           {"regime": regime, "seed": seed, **meta, "top_k": n_frozen,
                            "lora_rank": LORA_RANK, "lr": self.rates[regime],
                            "head": "linear on mean-pooled last hidden state", **scores})
                     runs[regime].append({"seed": seed, **scores,
                                          "stored_params": sum(t.numel() for t in run.state.values())})
-            table = {r: _table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
+            table = {r: table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
                                    feature_seconds) for r, rs in runs.items()}
             curve.append({"train_size": len(rows), "regimes": table, **choose(table)})
         result = {"model": {"path": model_path, "fingerprint": encoder.fingerprint,
@@ -308,7 +224,8 @@ class _Job:
                   "settings": {"seeds": self.seeds, "top_k": n_frozen,
                                "max_epochs": {str(s): e for s, e in self.epochs.items()},
                                "patience": self.patience, "batch_size": self.batch_size,
-                               "lr": self.rates, "head_lr": self.head_lr, "max_length": max_length,
+                               "lr": self.rates, "head_lr": self.head_lr, "head_init": self.head_init,
+                               "max_length": max_length,
                                "device": self.device, "lora_rank": LORA_RANK},
                   "classes": classes.tolist(), "score": "test macro-F1", **curve[-1]}
         if self.sizes != [None]:
@@ -321,30 +238,9 @@ class _Job:
             started = time.perf_counter()
             metrics, arrays = probe_layers(features.astype(np.float32, copy=False), y, rows, val, test)
             seconds = time.perf_counter() - started
-        _save(self.out, stem, arrays, {"regime": "frozen", **meta, "pooling": "mean", **metrics})
+        save_artifact(self.out, stem, arrays, {"regime": "frozen", **meta, "pooling": "mean", **metrics})
         return {**metrics, "seconds_per_epoch": seconds, "peak_memory_bytes": memory.peak_bytes,
                 "peak_memory_kind": memory.kind, "epochs": 1}
-
-
-def _table_row(regime: str, runs: list[dict[str, Any]], config: Any, n_frozen: int, n_classes: int,
-               base_params: int, feature_seconds: float) -> dict[str, Any]:
-    """One regime's line: scores over seeds, what trains, and what a task stores."""
-    heads = head_params(int(config.hidden_size), n_classes)
-    first = runs[0]
-    if regime == "frozen":
-        trainable = head = first["trainable"]  # logistic regression: coef + intercept
-        fixed: dict[str, Any] = {"encoder_trainable": 0, "expected_encoder_trainable": 0,
-                                 "matches_formula": True, "feature_seconds": feature_seconds}
-    else:
-        expected = expected_trainable(regime, config, top_k=n_frozen)
-        trainable, head = first["encoder_trainable"] + heads, heads
-        fixed = {"encoder_trainable": first["encoder_trainable"], "expected_encoder_trainable": expected,
-                 "matches_formula": first["encoder_trainable"] == expected}
-    # float32: what trained (LoRA adapters, biases, layers...) + the head (+ the probe's scaler)
-    return _summary(runs, trainable_params=int(trainable), head_params=int(head),
-                    bytes_per_task=4 * int(first["stored_params"]),
-                    trainable_share=trainable / (base_params + head),
-                    peak_memory_kind=first["peak_memory_kind"], **fixed)
 
 
 def _mean_features(encoder: Encoder, ids: list[list[int]],

@@ -54,6 +54,7 @@ from cache.datasets import DatasetStore
 from cache.jobs import Job, JobQueue
 from cache.store import FeatureStore
 
+from .backends import EmbeddedBackend, ExtractionBackend
 from .encoder import Encoder
 from .extract import Stopped
 from .jobs_registry import ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobError, register_kind
@@ -114,10 +115,13 @@ class JobContext:
 
 class Worker:
     def __init__(self, store: FeatureStore, encoder: Encoder, options: WorkerOptions | None = None,
-                 *, kinds: list[str] | None = None) -> None:
+                 *, kinds: list[str] | None = None, backend: ExtractionBackend | None = None) -> None:
         self.store = store
         self.encoder = encoder
         self.options = options or WorkerOptions()
+        # where dataset extraction runs (workers/backends.py); encode jobs always run here
+        self.backend: ExtractionBackend = backend or EmbeddedBackend(
+            store, encoder, part_size=self.options.part_size, max_tokens=self.options.max_tokens)
         self.queue = JobQueue(store.catalog)
         self.datasets = DatasetStore(store.catalog)
         for mod in KIND_MODULES:

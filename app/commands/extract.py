@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     table = load_table(args)
     from workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
+    from workers.ray_backend import RayExtractionError, RayUnavailable
 
     try:
         ex = LocalExtractor.open(settings.data_dir, model=settings.model,
@@ -61,11 +62,17 @@ def run(args: argparse.Namespace) -> int:
         raise
     with ex:
         t0 = time.perf_counter()
-        summary = ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10],
-                             want_tokens=args.tokens, progress_bar=not args.no_progress,
-                             max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size,
-                             backend=args.backend or settings.backend,
-                             ray_address=args.ray_address or settings.ray_address)
+        try:
+            summary = ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10],
+                                 want_tokens=args.tokens, progress_bar=not args.no_progress,
+                                 max_tokens=settings.max_tokens_per_batch,
+                                 part_size=settings.part_size,
+                                 backend=args.backend or settings.backend,
+                                 ray_address=args.ray_address or settings.ray_address,
+                                 ray_actors=settings.ray_actors)
+        except (RayUnavailable, RayExtractionError) as e:  # parts committed so far stay stored
+            fail(str(e))
+            raise
         seconds = time.perf_counter() - t0
     s = summary
     rate = s.tokens_encoded / s.seconds if s.seconds > 0 and s.tokens_encoded else 0.0

@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from app.commands.common import add_common_flags, add_flag, fail, settings_from
+from app.commands.worker import add_backend_flags
 
 __all__ = ["register", "run", "is_loopback"]
 
@@ -63,6 +64,7 @@ def register(sub: Any) -> None:
         add_flag(p, flag, help=help_)
     add_flag(p, "--insecure", action="store_true",
              help="allow a non-loopback host without an API key")
+    add_backend_flags(p)
     p.set_defaults(run=run)
 
 

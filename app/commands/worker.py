@@ -43,7 +43,16 @@ def register(sub: Any) -> None:
     add_flag(p, "--lease-seconds", help="job lease")
     add_flag(p, "--heartbeat-seconds", help="lease renewal and liveness interval")
     add_flag(p, "--log-level", help="DEBUG, INFO, WARNING, ...")
+    add_backend_flags(p)
     p.set_defaults(run=run)
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where dataset extraction runs (docs/operations.md); shared with ``serve``."""
+    add_flag(p, "--backend", choices=["embedded", "ray"],
+             help="run dataset extraction here (embedded) or on a Ray cluster (ray)")
+    add_flag(p, "--ray-address", help="Ray cluster address: auto, host:port, or local")
+    add_flag(p, "--ray-actors", help="encoder actors on Ray (one GPU each)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,10 +71,20 @@ def run(args: argparse.Namespace) -> int:
     store = FeatureStore(settings.data_dir)
     store.catalog.register_model(encoder.fingerprint, encoder.name,
                                  {**encoder.info, "config": encoder.config.canonical()})
+    from workers.backends import make_backend
+    from workers.ray_backend import RayUnavailable
+
+    try:
+        backend = make_backend(settings.backend, store, encoder, part_size=settings.part_size,
+                               max_tokens=settings.max_tokens_per_batch,
+                               ray_address=settings.ray_address, ray_actors=settings.ray_actors)
+    except RayUnavailable as e:
+        print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
+        return FATAL_EXIT
     worker = Worker(store, encoder, WorkerOptions(
         lease_seconds=settings.lease_seconds, heartbeat_seconds=settings.heartbeat_seconds,
         part_size=settings.part_size, max_tokens=settings.max_tokens_per_batch,
-        parent_pid=args.parent_pid))
+        parent_pid=args.parent_pid), backend=backend)
 
     signals: list[int] = []
 
@@ -88,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("layerbank.worker").info("worker %s serving %s", worker.id,
                                                encoder.info.get("name"))
     worker.run()
+    backend.close()
     store.close()
     return 0
 

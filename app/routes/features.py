@@ -2,9 +2,9 @@
 only the misses (through the worker, micro-batched with other requests).
 
 The request path: check limits -> parse the view against the served model ->
-key every text -> read the hits from the store (in a thread; never the
-worker) -> hand the misses to the batcher and await them -> read those ->
-answer in input order. ``compute_features`` is shared with
+key every text -> read the hits (from memory, app/rowcache.py, or from the
+store in a thread; never through the worker) -> hand the misses to the
+batcher and await them -> read those -> answer in input order. ``compute_features`` is shared with
 ``/v1/embeddings``.
 
 Example::
@@ -40,7 +40,7 @@ ERROR_RESPONSES = error_responses(401, 413, 415, 422, 429, 500, 503, 504)
 router = APIRouter(prefix="/v1", tags=["features"])
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
     """415 for a body that is not JSON (FastAPI would otherwise call it a 422)."""
     ctype = request.headers.get("content-type", "")
     main = ctype.split(";")[0].strip().lower()
@@ -109,8 +109,11 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
     m, view = resolve_request(state, view_spec, model)
     pooling = pooling or state.settings.default_pooling
     keys = [text_key(m.fingerprint, m.config, t) for t in texts]
-    store, h = state.store, m.n_hidden_states
-    res = await run_in_threadpool(store.read_view, keys, view, pooling, h)
+    store, rows, h = state.store, state.rows, m.n_hidden_states
+    # rows already in memory are answered on the event loop; disk reads go to a thread
+    res = rows.try_read(keys, view, pooling, h)
+    if res is None:
+        res = await run_in_threadpool(rows.read, store, keys, view, pooling, h)
     cached = res.found.copy()
     metrics = state.metrics
     n_hit = int(cached.sum())
@@ -123,7 +126,7 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
     for attempt in range(2):  # twice: a shard quarantined between commit and read is recomputed
         miss = [i for i in range(len(keys)) if entries[i] is None]
         await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint)
-        got = await run_in_threadpool(store.read_view, [keys[i] for i in miss], view, pooling, h)
+        got = await run_in_threadpool(rows.read, store, [keys[i] for i in miss], view, pooling, h)
         data = _merge(data, got, miss, len(keys))
         for j, i in enumerate(miss):
             entries[i] = got.entries[j] if got.found[j] else None

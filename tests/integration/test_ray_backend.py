@@ -6,7 +6,9 @@ One Ray instance serves the whole module (starting Ray costs seconds on
 - an actor that dies mid-batch is replaced and the job still stores every
   text exactly once;
 - a job stopped half way (its driver gone) is resubmitted and leaves the
-  parts already committed untouched.
+  parts already committed untouched;
+- a worker whose backend is Ray runs dataset jobs there, records their
+  progress in the job record, and still answers urgent requests meanwhile.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install '.[ray]'")
 
+from cache.datasets import DatasetStore  # noqa: E402
 from cache.store import FeatureStore  # noqa: E402
 from workers.backends import ExtractionBackend, make_backend  # noqa: E402
 from workers.encoder import Encoder  # noqa: E402
 from workers.extract import ExtractSummary, Progress, Stopped, extract  # noqa: E402
+from workers.jobs_registry import ENCODE_PRIORITY  # noqa: E402
 from workers.ray_backend import RayUnavailable, extract_with_ray  # noqa: E402
+from workers.worker import Worker, WorkerOptions  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -174,3 +179,31 @@ def test_resubmitted_job_skips_committed_parts(tiny_model_dir: str, tmp_path: Pa
     assert {n: (os.stat(store.shard_dir / n).st_ino, os.stat(store.shard_dir / n).st_mtime_ns)
             for n in first} == before
     assert_stored_once(store, summary.keys)
+
+
+def test_worker_runs_dataset_jobs_on_ray(tiny_model_dir: str, tmp_path: Path) -> None:
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    store = FeatureStore(tmp_path / "data")
+    backend = make_backend("ray", store, enc, part_size=30, max_tokens=512, ray_actors=2, threads=1)
+    w = Worker(store, enc, WorkerOptions(part_size=30, max_tokens=512, progress_interval_s=0.01),
+               backend=backend)
+    texts = sst2_texts(90, seed=5)
+    d = DatasetStore(store.catalog).create("d", texts, model="m", config=enc.config.canonical(),
+                                           meta={"fingerprint": enc.fingerprint})
+    extract_id = w.queue.submit("extract", {"dataset_id": d.id})
+    encode_id = w.queue.submit("encode", {"texts": ["an urgent request"]}, priority=ENCODE_PRIORITY)
+    w.run_job(w.queue.claim(w.id, ["extract"], 30))  # type: ignore[arg-type]
+    ext, urgent = w.queue.get(extract_id), w.queue.get(encode_id)
+    assert ext is not None and urgent is not None
+    assert ext.state == "succeeded", ext.error
+    assert (ext.result["texts_encoded"], ext.result["shards_written"]) == (91, 4)
+    # the job record the API serves: done of total, and a rate
+    assert ext.progress["done"] == ext.progress["total"] == 91
+    assert ext.progress["tokens_per_second"] > 0
+    # the driver committed the actors' shards under the job's part names
+    assert store.catalog.shard_names() == {f"{extract_id}-{p:05d}.h5" for p in range(4)} | {
+        f"{encode_id}-00000.h5"}
+    # the urgent request ran on the worker's own encoder while the dataset job was open
+    assert urgent.state == "succeeded" and ext.started < urgent.finished < ext.finished
+    assert_stored_once(store, [*(store.key(enc.fingerprint, enc.config, t) for t in texts),
+                               store.key(enc.fingerprint, enc.config, "an urgent request")])

@@ -119,7 +119,8 @@ def test_scalar_mix_finds_the_one_informative_layer() -> None:
     mix = result["scalar_mix"]["mean"]
     weights = np.array(mix["layer_weights"])
     assert weights.sum() == pytest.approx(1.0)
-    assert int(np.argmax(weights)) == 2 and weights[2] > 0.6, weights
+    others = np.delete(weights, 2)
+    assert weights[2] > 2 * others.max() and weights[2] > 0.5, weights  # uniform would be 0.25
     assert mix["accuracy"]["mean"] > 0.9
     # its weighted view, in the cache.views grammar, reproduces the mix (up to a shift)
     head = fit_head(states["mean"], labels, "scalar_mix")
@@ -138,8 +139,9 @@ def test_multiclass_labels_work() -> None:
 
 @pytest.mark.parametrize(("labels", "kwargs", "message"), [
     (["a"] * 30, {}, r"all 30 labels are the same class 'a'; a probe needs at least 2 classes"),
-    (["a"] * 27 + ["b"] * 3, {}, r"class 'b' has 3 example\(s\), fewer than the 5 cross-validation folds.*"
-                                 r"Class counts: 'a': 27, 'b': 3"),
+    (["a"] * 27 + ["b"] * 3, {}, (r"class 'b' has 3 examples, fewer than the 5 cross-validation folds; "
+                                  r"each class needs at least 5 .*Class counts: 'a': 27, 'b': 3")),
+    (["a"] * 26 + ["b", "c"] * 2, {}, r"classes 'b' \(2\), 'c' \(2\) have fewer examples than the 5"),
     (["a", "b"] * 13 + [None, "a", "", "b"], {}, r"2 of 30 labels are missing .*first is at index 26"),
     (None, {}, r"labels are missing"),
     (["a", "b"] * 15, {"views": ["layer-3"]}, r"unknown view 'layer-3'; expected layer:K"),

@@ -16,20 +16,18 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_second_lock_in_the_same_process_is_refused_naming_the_pid(tmp_path: Path) -> None:
-    with DataDirLock(tmp_path):
-        with pytest.raises(DataDirBusy) as e:
-            DataDirLock(tmp_path).acquire()
+    with DataDirLock(tmp_path), pytest.raises(DataDirBusy) as e:
+        DataDirLock(tmp_path).acquire()
     assert str(e.value) == (f"data directory {tmp_path} is in use by pid {os.getpid()}; stop it or "
                             "choose another --data-dir")
 
 
 def test_lock_held_by_another_process_names_that_process(tmp_path: Path) -> None:
+    script = ("import sys; from cache.lock import DataDirLock; "
+              f"l = DataDirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
+              "sys.stdin.readline()")
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from cache.lock import DataDirLock; "
-         f"l = DataDirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
-         "sys.stdin.readline()"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", script], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(DataDirBusy, match=f"is in use by pid {holder.pid};"):

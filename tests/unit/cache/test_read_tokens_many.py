@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cache.shard import ShardReader
 from workers.extract import extract
 
 TEXTS = [f"sentence number {i} with {'many ' * (i % 5)}words" for i in range(60)]
@@ -42,16 +43,31 @@ def test_batched_rows_equal_single_reads_in_the_callers_order(stored, layers):
         np.testing.assert_array_equal(got[0].states, full.states[:, [2, 0]])
 
 
-def test_sparse_rows_of_a_shard_are_read_one_by_one_with_the_same_result(stored):
-    store, keys = stored
+def test_rows_far_apart_are_read_as_separate_ranges_with_the_same_result(tiny_encoder, store):
+    # 160 texts of ~12 tokens: ~1,900 token rows, more than one chunk (1,024 rows of 32 float16)
+    texts = [f"text {i} " + "word " * 8 for i in range(160)]
+    keys = extract(texts, store, tiny_encoder, job_id="far", want_tokens=True, part_size=256).keys
     entries = store.lookup(keys, need_tokens=True)
-    shard = entries[keys[0]].shard
-    in_shard = sorted((e.row, k) for k, e in entries.items() if e.shard == shard)
-    ends = [in_shard[0][1], in_shard[-1][1]]  # first and last row: the span is mostly unwanted
+    by_row = sorted((e.row, k) for k, e in entries.items())
+    ends = [by_row[0][1], by_row[-1][1], by_row[1][1]]  # rows 0, last, 1
+    reader = store._reader(entries[keys[0]].shard)
+    offsets = reader._open()["tokens/offsets"][:]
+    pieces, _ = reader._runs(offsets, np.array([0, 1, len(by_row) - 1]), (1024, 32))
+    assert len(pieces) == 2  # rows 0 and 1 merged, the last row apart
     got = store.read_tokens_many(ends)
     for key, rows in zip(ends, got):
         same(rows, store.read_tokens(key))
         assert rows.ids[0] == 101 and rows.ids[-1] == 102  # [CLS] ... [SEP]: whole rows
+
+
+def test_runs_merge_rows_closer_than_a_chunk_and_place_each_row():
+    offsets = np.array([0, 5, 9, 20, 100, 104])
+    pieces, local = ShardReader._runs(offsets, np.array([0, 2, 4]), (10,))
+    # rows 0 and 2 are 4 tokens apart (< 10): one range 0..20; row 4 (100..104) apart
+    assert pieces == [(0, 20), (100, 104)]
+    assert local.tolist() == [0, 9, 20]  # row 2 starts at 9 in the range, row 4 after 20 tokens
+    pieces, local = ShardReader._runs(offsets, np.array([0, 2, 4]), (2,))
+    assert pieces == [(0, 5), (9, 20), (100, 104)] and local.tolist() == [0, 5, 16]
 
 
 def test_a_layer_that_does_not_exist_is_the_callers_error_and_quarantines_nothing(stored):

@@ -14,8 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from cache.shard import (FORMAT_VERSION, CorruptShardError, ShardContents, ShardReader, TokenRows,
-                         write_shard)
+from cache.shard import FORMAT_VERSION, CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "storage.md"
 N, H, D = 5, 3, 4
@@ -26,7 +25,7 @@ T = sum(TOKENS_PER_TEXT)
 def documented_layout() -> dict[str, tuple[str, str]]:
     """``{dataset: (shape, dtype)}`` from the layout table in docs/storage.md."""
     rows = re.findall(r"^\| `(/[\w/{}]+)` \| `\[([^\]]*)\]` \| `?([\w ]+?)`? \|",
-                      DOC.read_text(encoding="utf-8"), flags=re.M)
+                      DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
     assert rows, "docs/storage.md has no layout table"
     return {name: (shape, dtype) for name, shape, dtype in rows}
 

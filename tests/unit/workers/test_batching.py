@@ -3,6 +3,8 @@ every text exactly once, longest first."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,6 +58,6 @@ def test_budget_and_coverage_hold_for_any_lengths(lengths: list[int], budget: in
     batches = token_budget_batches(lengths, budget, max_batch)
     check(lengths, budget, max_batch, batches)
     # greedy filling: a batch was closed only because the next text did not fit
-    for b, nxt in zip(batches, batches[1:]):
+    for b, nxt in pairwise(batches):
         longest = max(lengths[i] for i in b + nxt[:1])
         assert len(b) == max_batch or (len(b) + 1) * longest > budget

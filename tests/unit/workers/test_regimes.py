@@ -24,7 +24,9 @@ from sklearn.preprocessing import StandardScaler
 
 from workers.finetune import Cancelled, SequenceClassifier, TrainSettings, make_optimizer
 from workers.regimes import REGIMES, configure, expected_trainable, gradual_groups
-from workers.regimes_job import choose, run_regimes, stratified_split
+from workers.linear_probe import probe_head, stratified_split
+from workers.regimes_job import run_regimes
+from workers.regimes_result import choose
 from workers.regimes_plot import format_regimes_table, regimes_plot_png
 
 WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]
@@ -140,23 +142,53 @@ def test_frozen_regime_equals_direct_sklearn_probe(tiny_model_dir: str) -> None:
     assert frozen["trainable_params"] == 8 + 1 and frozen["bytes_per_task"] == 4 * (9 + 16)
 
 
-def test_frozen_features_computed_by_the_encoder_match_a_manual_mean_pool(tiny_model_dir: str) -> None:
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_probe_head_is_the_probe_as_one_linear_layer(n_classes: int) -> None:
+    rng = np.random.default_rng(0)
+    y = np.arange(120) % n_classes
+    x = rng.normal(loc=5.0, scale=0.1, size=(120, 6)) + 0.05 * y[:, None]  # far from standardised
+    weight, bias = probe_head(x, y, n_classes)
+    assert weight.shape == (n_classes, 6) and bias.shape == (n_classes,)
+    sc = StandardScaler().fit(x)
+    expected = LogisticRegression(max_iter=2000).fit(sc.transform(x), y).predict(sc.transform(x))
+    assert ((x @ weight.T + bias).argmax(1) == expected).all()
+
+
+def _manual_mean_pool(model_dir: str, texts: list[str]) -> np.ndarray:
+    """Every hidden state averaged over one unpadded text at a time: no mask to get wrong."""
     from transformers import AutoModel, AutoTokenizer
 
-    texts, labels = _texts(60, seed=2)
-    tok, model = AutoTokenizer.from_pretrained(tiny_model_dir), AutoModel.from_pretrained(tiny_model_dir)
+    tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir)
     with torch.no_grad():
         feats = []
         for text in texts:
-            enc = tok(text, return_tensors="pt")
-            hidden = model(**enc, output_hidden_states=True).hidden_states
+            hidden = model(**tok(text, return_tensors="pt"), output_hidden_states=True).hidden_states
             feats.append(torch.stack([h[0].mean(0) for h in hidden]).numpy())
+    return np.stack(feats)
+
+
+def test_frozen_features_computed_by_the_encoder_match_a_manual_mean_pool(tiny_model_dir: str) -> None:
+    texts, labels = _texts(60, seed=2)
     kwargs = {"model_path": tiny_model_dir, "regimes": ("frozen",), "seeds": 1, "device": "cpu"}
-    given = run_regimes(texts, labels, frozen_features=np.stack(feats), **kwargs)
+    given = run_regimes(texts, labels, frozen_features=_manual_mean_pool(tiny_model_dir, texts), **kwargs)
     computed = run_regimes(texts, labels, **kwargs)
     for key in ("layer", "test_accuracy", "test_macro_f1", "val_macro_f1_by_layer"):
         assert computed["regimes"]["frozen"]["runs"][0][key] == pytest.approx(
             given["regimes"]["frozen"]["runs"][0][key])
+
+
+def test_fine_tuned_head_starts_from_the_last_layer_probe(tiny_model_dir: str) -> None:
+    texts, labels = _texts(90, seed=4)
+    y, feats = np.array(labels), _manual_mean_pool(tiny_model_dir, texts)
+    # zero learning rates: the fine-tuned classifier is the encoder plus its initial head
+    result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("bitfit",), seeds=1,
+                         max_epochs=1, lr=0.0, head_lr=0.0, device="cpu", frozen_features=feats)
+    train, _, test = stratified_split(y, 0.2, 0.1, 0)
+    sc = StandardScaler().fit(feats[train, -1])
+    clf = LogisticRegression(max_iter=2000).fit(sc.transform(feats[train, -1]), y[train])
+    expected = accuracy_score(y[test], clf.predict(sc.transform(feats[test, -1])))
+    assert result["regimes"]["bitfit"]["accuracy_mean"] == pytest.approx(expected)
+    assert result["settings"]["head_init"] == "probe"
 
 
 def _digest(directory: str) -> dict[str, str]:

@@ -1,0 +1,211 @@
+"""Benchmark of the HTTP service: a real ``layerbank serve`` process on
+loopback (bundled model), driven from this process (the load generator) with
+keep-alive connections, one per client thread.
+
+Figures printed:
+
+1. cached ``POST /v1/features`` of one text: p50 / p99 latency and req/s at
+   concurrency 1 and 16 (target: p50 < 5 ms at concurrency 1);
+2. the same with every text a miss: req/s (target: cached >= 20x faster);
+3. 64 concurrent one-text miss requests vs the same 64 texts sent one by one,
+   each on a fresh server (target: micro-batching >= 3x the throughput);
+4. 1,000 cached texts with ``all_layers``: base64 vs JSON response size and
+   time (target: base64 >= 3x faster).
+
+Run from the repository root::
+
+    .venv/bin/python bench/serve.py                 # ~2-4 minutes on 2 CPU cores
+    .venv/bin/python bench/serve.py --threads 1 --quick
+
+Texts are SST-2 dev phrases from ../shared/data (seeded), made unique per
+phase so that "miss" really means never stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
+
+
+class Server:
+    def __init__(self, data_dir: Path, threads: int | None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
+        if threads:
+            env["LAYERBANK_THREADS"] = str(threads)
+        env["LAYERBANK_LOG_LEVEL"] = "WARNING"
+        self.data_dir = data_dir
+        self.log = open(data_dir.parent / f"{data_dir.name}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--data-dir",
+                                      str(data_dir), "--port", "0"], cwd=ROOT, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited: {(data_dir.parent / f'{data_dir.name}.log').read_text()}")
+            try:
+                meta = json.loads((data_dir / "server.json").read_text())
+                if meta["pid"] == self.proc.pid:
+                    self.host, self.port = meta["host"], int(meta["port"])
+                    if Conn(self.host, self.port).call("GET", "/ready")[0] == 200:
+                        break
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("server not ready after 300 s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+        self.log.close()
+
+
+class Conn:
+    """A keep-alive HTTP/1.1 connection (stdlib: little client-side overhead)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.c = http.client.HTTPConnection(host, port, timeout=600)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"} if data is not None else {}
+        self.c.request(method, path, body=data, headers=headers)
+        r = self.c.getresponse()
+        return r.status, r.read()
+
+
+def load(server: Server, concurrency: int, bodies: Callable[[int, int], dict[str, Any]],
+         per_client: int) -> tuple[list[float], float]:
+    """Each client sends ``per_client`` requests back to back; latencies (s) and wall time."""
+    lat: list[list[float]] = [[] for _ in range(concurrency)]
+    barrier = threading.Barrier(concurrency + 1)
+
+    def client(i: int) -> None:
+        conn = Conn(server.host, server.port)
+        conn.call("GET", "/health")  # connect before the clock starts
+        barrier.wait()
+        for j in range(per_client):
+            t0 = time.perf_counter()
+            status, body = conn.call("POST", "/v1/features", bodies(i, j))
+            lat[i].append(time.perf_counter() - t0)
+            if status != 200:
+                raise SystemExit(f"HTTP {status}: {body[:300]!r}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return [x for xs in lat for x in xs], time.perf_counter() - t0
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def texts_pool() -> list[str]:
+    with open(DATA, encoding="utf-8") as fh:
+        next(fh)
+        rows = sorted({line.split("\t")[0] for line in fh if len(line.split()) >= 5})
+    random.Random(0).shuffle(rows)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of the worker")
+    ap.add_argument("--quick", action="store_true", help="fewer requests")
+    args = ap.parse_args()
+    n_cached = 300 if args.quick else 1000
+    pool = texts_pool()
+    tmp = Path(tempfile.mkdtemp(prefix="layerbank-bench-"))
+    print(f"layerbank serve benchmark ({os.cpu_count()} CPUs, worker threads: "
+          f"{args.threads or 'all'}); server data in {tmp}")
+    server = Server(tmp / "a", args.threads)
+    res: dict[str, float] = {}
+    try:
+        hot = pool[0]
+        Conn(server.host, server.port).call("POST", "/v1/features", {"texts": [hot]})
+        for c in (1, 16):
+            per = (n_cached if c == 1 else max(50, n_cached // 8))
+            lat, wall = load(server, c, lambda i, j: {"texts": [hot]}, per)
+            res[f"cached_c{c}_p50"], res[f"cached_c{c}_p99"] = pct(lat, 50), pct(lat, 99)
+            res[f"cached_c{c}_rps"] = len(lat) / wall
+            print(f"cached, 1 text, concurrency {c:2d}: p50 {pct(lat, 50) * 1e3:6.2f} ms  "
+                  f"p99 {pct(lat, 99) * 1e3:6.2f} ms  {len(lat) / wall:8.1f} req/s  ({len(lat)} requests)")
+        k = iter(range(10**9))
+        for c in (1, 16):
+            per = 20 if c == 1 else 6
+            base = 1 + next(k) * 1000
+            lat, wall = load(server, c, lambda i, j, base=base: {"texts": [pool[base + i * 50 + j]]}, per)
+            res[f"miss_c{c}_rps"] = len(lat) / wall
+            res[f"miss_c{c}_p50"] = pct(lat, 50)
+            print(f"miss,   1 text, concurrency {c:2d}: p50 {pct(lat, 50) * 1e3:6.1f} ms  "
+                  f"p99 {pct(lat, 99) * 1e3:6.1f} ms  {len(lat) / wall:8.1f} req/s  ({len(lat)} requests)")
+        print(f"  cached / miss req/s at concurrency 1: {res['cached_c1_rps'] / res['miss_c1_rps']:.0f}x "
+              "(target >= 20x)")
+
+        # 4. 1,000 cached texts, all_layers: JSON vs base64
+        big = pool[2000: 2000 + n_cached]
+        conn = Conn(server.host, server.port)
+        t0 = time.perf_counter()
+        conn.call("POST", "/v1/features", {"texts": big[: n_cached // 2]})
+        conn.call("POST", "/v1/features", {"texts": big[n_cached // 2:]})
+        print(f"(stored {n_cached} texts for the all_layers test in {time.perf_counter() - t0:.1f} s)")
+        sizes, times = {}, {}
+        for fmt in ("json", "base64"):
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                status, body = conn.call("POST", "/v1/features", {"texts": big, "view": "all_layers",
+                                                                  "format": fmt})
+                ts.append(time.perf_counter() - t0)
+                assert status == 200, body[:200]
+            sizes[fmt], times[fmt] = len(body), statistics.median(ts)
+            print(f"{n_cached} cached texts, all_layers, {fmt:6s}: {len(body) / 1e6:7.1f} MB  "
+                  f"{statistics.median(ts) * 1e3:8.1f} ms (median of 3)")
+        res["b64_speedup"] = times["json"] / times["base64"]
+        print(f"  base64 vs JSON: {times['json'] / times['base64']:.1f}x faster, "
+              f"{sizes['json'] / sizes['base64']:.1f}x smaller (target >= 3x faster)")
+    finally:
+        server.stop()
+
+    # 3. micro-batching: the same 64 texts, one by one on a fresh server, then concurrently on another
+    texts64 = pool[4000:4064]
+    for mode in ("one by one", "64 concurrent"):
+        s = Server(tmp / ("seq" if mode == "one by one" else "conc"), args.threads)
+        try:
+            if mode == "one by one":
+                lat, wall = load(s, 1, lambda i, j: {"texts": [texts64[j]]}, 64)
+            else:
+                lat, wall = load(s, 64, lambda i, j: {"texts": [texts64[i]]}, 1)
+            res[mode] = 64 / wall
+            jobs = json.loads(Conn(s.host, s.port).call("GET", "/v1/jobs?limit=1000")[1])["data"]
+            print(f"64 one-text misses, {mode:13s}: {wall:6.2f} s  {64 / wall:7.1f} req/s  "
+                  f"({sum(j['kind'] == 'encode' for j in jobs)} encoder jobs)")
+        finally:
+            s.stop()
+    print(f"  micro-batching: {res['64 concurrent'] / res['one by one']:.1f}x the throughput "
+          "(target >= 3x)")
+    print("\nsummary: " + json.dumps({k: round(v, 5) for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()
