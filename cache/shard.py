@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 __all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "CorruptShardError",
-           "FORMAT_VERSION", "POOLINGS"]
+           "FORMAT_VERSION", "POOLINGS", "StorageRangeError"]
 
 FORMAT_VERSION = 1
 POOLINGS = ("mean", "cls", "max")
@@ -68,6 +68,25 @@ class ShardContents:
     attrs: dict[str, str | int] = field(default_factory=dict)
 
 
+class StorageRangeError(ValueError):
+    """Values that the storage dtype cannot hold (float16 overflows past 65,504)."""
+
+
+def _cast(arr: np.ndarray, dtype: str, what: str) -> np.ndarray:
+    """Cast to the storage dtype, refusing values it would turn into inf.
+
+    Some encoders have hidden states past float16's range; storing them as
+    inf would serve wrong numbers later, so the write fails with the fix.
+    """
+    with np.errstate(over="ignore"):
+        out = np.asarray(arr, dtype=dtype)
+    if out.dtype == np.float16 and not np.isfinite(out).all() and np.isfinite(arr).all():
+        peak = float(np.abs(arr).max())
+        raise StorageRangeError(f"{what}: values up to {peak:.4g} overflow float16 (max 65504); "
+                                "store this model with --storage-dtype float32")
+    return out
+
+
 def _rows_per_chunk(row_bytes: int, n: int) -> int:
     return max(1, min(n, _CHUNK_BYTES // max(1, row_bytes)))
 
@@ -97,7 +116,7 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
             for name, arr in contents.pooled.items():
                 if arr.shape[0] != n:
                     raise ValueError(f"pooled/{name} has {arr.shape[0]} rows, expected {n}")
-                _dataset(pooled, name, np.asarray(arr, dtype=dtype))
+                _dataset(pooled, name, _cast(arr, dtype, f"pooled/{name}"))
             if contents.tokens is not None:
                 _write_tokens(f.create_group("tokens"), contents.tokens, dtype)
             f.attrs["format_version"] = FORMAT_VERSION
@@ -120,7 +139,8 @@ def _write_tokens(group: h5py.Group, tokens: list[TokenRows], dtype: str) -> Non
     _dataset(group, "offsets", offsets)
     n_states = tokens[0].states.shape[1]
     for i in range(n_states):
-        _dataset(group, f"layer_{i}", np.concatenate([t.states[:, i] for t in tokens]).astype(dtype))
+        _dataset(group, f"layer_{i}", _cast(np.concatenate([t.states[:, i] for t in tokens]), dtype,
+                                            f"tokens/layer_{i}"))
     _dataset(group, "ids", np.concatenate([t.ids for t in tokens]).astype(np.int32))
     spans = np.concatenate([t.char_spans.reshape(-1, 2) for t in tokens]).astype(np.int32)
     _dataset(group, "char_spans", spans)
