@@ -30,7 +30,7 @@ from sklearn.model_selection import StratifiedKFold
 __all__ = ["fit_logistic", "fit_logistic_cv"]
 
 # Inner-CV fits only rank the Cs by held-out loss, which settles long before
-# the weights do: a 10x looser gtol there halved the work of a fit on real
+# the weights do: a 10x looser gtol there cut a third of the work on real
 # features (SST-2, MiniLM) and chose the same C. The refit uses ``tol``.
 INNER_TOL_FACTOR = 10.0
 
