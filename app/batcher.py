@@ -28,8 +28,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
 
 from app.errors import ExtractionFailed, Overloaded, Timeout
 from cache.jobs import JobQueue
@@ -37,6 +39,7 @@ from cache.jobs import JobQueue
 __all__ = ["Batcher", "BatchStats", "ENCODE_PRIORITY"]
 
 ENCODE_PRIORITY = 100  # workers.jobs_registry.ENCODE_PRIORITY (app/ does not import workers/)
+log = logging.getLogger("layerbank.api")
 
 
 @dataclass
@@ -52,13 +55,15 @@ class _Waiter:
     texts: list[str]
     want_tokens: bool
     model: str | None
+    hint: Any
     future: asyncio.Future[None]
 
 
 class Batcher:
     def __init__(self, queue: JobQueue, *, window_ms: float, max_pending: int,
                  poll_s: float = 0.002, max_inflight: int = 2,
-                 timeout_s: float = 600.0, max_batch_texts: int = 4096) -> None:
+                 timeout_s: float = 600.0, max_batch_texts: int = 4096,
+                 on_done: Callable[[list[Any]], Awaitable[None]] | None = None) -> None:
         self.queue = queue
         self.window_s = window_ms / 1000.0
         self.max_pending = max_pending
@@ -66,6 +71,7 @@ class Batcher:
         self.max_inflight = max_inflight
         self.timeout_s = timeout_s
         self.max_batch_texts = max_batch_texts
+        self.on_done = on_done  # called with the waiters' hints once their batch is stored
         self.stats = BatchStats()
         self._pending: list[_Waiter] = []
         self._waiting = 0  # requests between encode() entry and exit
@@ -80,7 +86,7 @@ class Batcher:
         return self._waiting
 
     async def encode(self, texts: list[str], *, model: str | None = None,
-                     want_tokens: bool = False) -> None:
+                     want_tokens: bool = False, hint: Any = None) -> None:
         """Return once every text is stored; raise ExtractionFailed/Timeout/Overloaded.
 
         ``model``: the fingerprint the caller computed keys with; a worker
@@ -95,7 +101,7 @@ class Batcher:
         self._waiting += 1
         try:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._pending.append(_Waiter(list(texts), want_tokens, model, fut))
+            self._pending.append(_Waiter(list(texts), want_tokens, model, hint, fut))
             self.stats.requests += 1
             if self._opened is None:
                 self._opened = time.monotonic()
@@ -154,6 +160,11 @@ class Batcher:
             error = await self._wait(job_id)
         except Exception as e:  # the catalog itself failed: every waiter hears it
             error = f"{type(e).__name__}: {e}"
+        if error is None and self.on_done is not None:
+            try:  # e.g. read the whole batch's rows at once, rather than once per request
+                await self.on_done([w.hint for w in waiters])
+            except Exception:
+                log.exception("after-batch hook failed; requests read their own rows")
         for w in waiters:
             if w.future.done():
                 continue

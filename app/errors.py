@@ -64,12 +64,13 @@ class ApiError(Exception):
     type = "internal"
 
     def __init__(self, message: str, *, field: str | None = None, limit: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.limit = limit
         self.headers = headers
+        self.extra = extra  # more machine-readable keys for the body, e.g. {"job_id": ...}
 
 
 class BadRequest(ApiError):
@@ -145,8 +146,8 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     if exc.status >= 500:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
-    return JSONResponse(error_body(exc.message, exc.type, field=exc.field, limit=exc.limit),
-                        status_code=exc.status, headers=exc.headers)
+    return JSONResponse(error_body(exc.message, exc.type, field=exc.field, limit=exc.limit,
+                                   **(exc.extra or {})), status_code=exc.status, headers=exc.headers)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -168,6 +169,17 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if status == 400 and detail == "There was an error parsing the body":
+        # FastAPI's words for a JSON body that json.loads could not take; say why
+        cause = exc.__cause__
+        if isinstance(cause, UnicodeDecodeError):
+            why = f"it is not UTF-8 (byte {cause.start + 1} cannot be decoded)"
+        elif isinstance(cause, RecursionError):
+            why = "it is nested too deeply"
+        else:
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else "it cannot be parsed"
+        return JSONResponse(error_body(f"the body is not valid JSON: {why}", "validation",
+                                       field="body"), status_code=422)
     if status == 404 and detail == "Not Found":
         detail = f"no route {request.url.path}; see /docs for the API"
     elif status == 405:

@@ -88,6 +88,8 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"line {i} is not valid JSON: {e.msg}") from None
+            except RecursionError:
+                raise InputError(f"line {i} is not valid JSON: it is nested too deeply") from None
             if not isinstance(obj, dict):
                 raise InputError(f"line {i}: expected a JSON object, got {type(obj).__name__}")
             if not columns:

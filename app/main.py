@@ -30,7 +30,7 @@ from app.batcher import Batcher
 from app.deps import AppState, ApiKeyGuard, BodyLimitGuard
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestTimer
-from app.routes import datasets, embeddings, features, jobs, ops
+from app.routes import datasets, embeddings, features, heads, jobs, ops, probes
 from app.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -49,7 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.metrics = metrics
         metrics.bind(state)
         state.batcher = Batcher(state.queue, window_ms=settings.batch_window_ms,
-                                max_pending=settings.max_queue_depth)
+                                max_pending=settings.max_queue_depth,
+                                on_done=lambda hints: features.warm_rows(state, hints))
         app.state.layerbank = state
         state.refresh_model()
         watcher = asyncio.create_task(_watch_model(state))
@@ -65,7 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "cache. Errors: {\"error\", \"type\"} everywhere.")
     metrics = Metrics()
     install_error_handlers(app)
-    for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router):
+    for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
+              probes.router, heads.router):
         app.include_router(r)
     # added innermost first: the timer sees every request, 401s and 413s included
     app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)

@@ -91,6 +91,17 @@ class RowCache:
         self.hits += len(keys)
         return self._result(rows, entries, view, n_states)
 
+    def warm(self, store: FeatureStore, keys: Sequence[str], pooling: str) -> None:
+        """Read the keys not in memory yet, in one store read, and keep them."""
+        rows, _ = self._get(keys, pooling)
+        missing = list(dict.fromkeys(k for k, r in zip(keys, rows) if r is None))
+        if missing:
+            got = store.read_pooled(missing, pooling)
+            for j, k in enumerate(missing):
+                e = got.entries[j]
+                if got.found[j] and e is not None:
+                    self._put(k, pooling, got.data[j], e)
+
     def read(self, store: FeatureStore, keys: Sequence[str], view: View, pooling: str,
              n_states: int) -> ReadResult:
         """Rows from memory where held, from the store otherwise (and kept)."""

@@ -12,17 +12,24 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 __all__ = ["ErrorResponse", "FeaturesRequest", "FeaturesResponse", "FeatureItem", "FeaturesUsage",
            "EmbeddingsRequest", "EmbeddingsResponse", "EmbeddingItem", "EmbeddingsUsage",
-           "DatasetCreate", "DatasetOut", "DatasetList", "DatasetDeleted", "JobOut", "JobList",
-           "Progress", "InfoOut", "ReadyOut", "HealthOut", "Pooling", "Format", "error_responses"]
+           "DatasetCreate", "DatasetTexts", "DatasetWords", "DatasetOut", "DatasetList", "DatasetDeleted", "JobOut", "JobList",
+           "Progress", "InfoOut", "ReadyOut", "HealthOut", "Pooling", "Format", "error_responses",
+           "apply_limits", "Text"]
 
 Pooling = Literal["mean", "cls", "max"]
 Format = Literal["json", "base64"]
+# the schema says what the routes enforce (with friendlier messages than a pattern error):
+# a text holds at least one non-whitespace character; a word is one run of them
+Text = Annotated[str, WithJsonSchema({"type": "string", "pattern": "\\S"})]
+Word = Annotated[str, WithJsonSchema({"type": "string", "pattern": "^\\S+$"})]
+Name = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 200,
+                                      "pattern": "^[^\\x00-\\x1f]+$"})]
 
 
 class ErrorResponse(BaseModel):
@@ -40,7 +47,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # -- features -----------------------------------------------------------------
 class FeaturesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    texts: list[str] = Field(min_length=1, description="texts, hashed exactly as given")
+    texts: list[Text] = Field(min_length=1, description="texts, hashed exactly as given")
     view: str | None = Field(None, description="layer:K, layers:I,J, concat_last_4, sum_last_4, "
                              "mean_all, weighted:W0,...,WL, all_layers; default in /info")
     pooling: Pooling | None = Field(None, description="default in /info")
@@ -82,7 +89,7 @@ class FeaturesResponse(BaseModel):
 # -- OpenAI-compatible embeddings --------------------------------------------
 class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    input: str | list[str] = Field(description="a text or a list of texts")
+    input: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="a text or a list of texts")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="must equal the view's width when given")
@@ -110,15 +117,29 @@ class EmbeddingsResponse(BaseModel):
 
 
 # -- datasets -----------------------------------------------------------------
-class DatasetCreate(BaseModel):
+Label = str | int | float | bool | None
+
+
+class DatasetTexts(BaseModel):
+    """A sentence task: texts, optionally one label each."""
+
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    texts: list[str] | None = Field(None, description="one per item (not with words)")
-    labels: list[str | int | float | bool | None] | None = Field(
-        None, description="one per item, stored as text")
-    words: list[list[str]] | None = Field(None, description="token task: each item's words; the "
-                                          "text is the words joined by single spaces")
-    tags: list[list[str]] | None = Field(None, description="one tag per word")
+    name: Name = Field(min_length=1, max_length=200)
+    texts: list[Text] = Field(min_length=1, description="the items' texts")
+    labels: list[Label] = Field(None, description="one per text, stored as text")  # type: ignore[assignment]
+
+
+class DatasetWords(BaseModel):
+    """A token task: each item's words (the text is the words joined by single spaces)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Name = Field(min_length=1, max_length=200)
+    words: list[Annotated[list[Word], Field(min_length=1)]] = Field(min_length=1)
+    tags: list[list[str]] = Field(None, description="one tag per word")  # type: ignore[assignment]
+    labels: list[Label] = Field(None, description="one per item, stored as text")  # type: ignore[assignment]
+
+
+DatasetCreate = DatasetTexts | DatasetWords
 
 
 class DatasetOut(BaseModel):
@@ -195,3 +216,24 @@ class InfoOut(BaseModel):
     views: list[str]
     defaults: dict[str, str]
     limits: dict[str, int | float]
+
+
+def apply_limits(schema: dict[str, Any], *, max_texts: int, max_chars: int, max_dataset_texts: int) -> None:
+    """Write the server's configured limits into its OpenAPI schema (in place),
+    so that a schema-valid request is never refused for its size."""
+    comps = schema.get("components", {}).get("schemas", {})
+
+    def limit_list(prop: dict[str, Any], n: int) -> None:
+        if prop.get("type") == "array":
+            prop["maxItems"] = n
+            prop.setdefault("items", {})["maxLength"] = max_chars
+        elif prop.get("type") == "string":
+            prop["maxLength"] = max_chars
+        for sub in prop.get("anyOf", []):
+            limit_list(sub, n)
+
+    for model, field, n in (("FeaturesRequest", "texts", max_texts), ("EmbeddingsRequest", "input", max_texts),
+                            ("DatasetTexts", "texts", max_dataset_texts)):
+        prop = comps.get(model, {}).get("properties", {}).get(field)
+        if prop is not None:
+            limit_list(prop, n)

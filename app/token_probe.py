@@ -244,7 +244,7 @@ def run_token_probe(
     rows: list[dict[str, Any]] = []
     for name, view in specs:
         mix = view is None
-        if mix:
+        if view is None:
             x_tr, x_va = x_tr_all, x_va_all  # [n, H, d]: the head mixes the states itself
         else:
             x_tr = view.apply(x_tr_all).reshape(x_tr_all.shape[0], -1)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -89,9 +90,9 @@ def _split(sentences: Sentences) -> tuple[list[tuple[str, ...]], list[tuple[str,
             if len(w) != len(t):
                 raise ValueError(f"sentence {i}: {len(w)} words but {len(t)} tags")
         elif isinstance(s, str):
-            raise ValueError(f"sentence {i} is one string; give its words as a list")
+            raise ValueError(f"sentence {i} is one string; give its words as a list")  # noqa: TRY004
         else:
-            w, t = tuple(s), ()
+            w, t = tuple(cast(Sequence[str], s)), ()
         if not w:
             raise ValueError(f"sentence {i} is empty: a sentence needs at least one word")
         words.append(w)

@@ -160,15 +160,20 @@ def parse_json(data: bytes | str, *, source: str | None = None) -> list[TaggedSe
         raise WordSetError("expected a JSON list of sentences", text.count("\n", 0, pos) + 1, source)
     sentences: list[TaggedSentence] = []
     pos = _skip_ws(text, pos + 1)
+    # line numbers counted incrementally: counting from 0 for every sentence is quadratic
+    line, counted = 1, 0
     if text.startswith("]", pos):
         pos += 1
     else:
         while True:
-            line = text.count("\n", 0, pos) + 1
+            line += text.count("\n", counted, pos)
+            counted = pos
             try:
                 obj, pos = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as e:
                 raise WordSetError(f"invalid JSON: {e.msg}", e.lineno, source) from None
+            except RecursionError:
+                raise WordSetError("invalid JSON: nested too deeply", line, source) from None
             sentences.append(_sentence_from_object(obj, line, source))
             pos = _skip_ws(text, pos)
             if text.startswith(",", pos):
@@ -204,6 +209,8 @@ def parse_jsonl(data: bytes | str, *, source: str | None = None) -> list[TaggedS
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise WordSetError(f"invalid JSON: {e.msg}", number, source) from None
+        except RecursionError:
+            raise WordSetError("invalid JSON: nested too deeply", number, source) from None
         sentences.append(_sentence_from_object(obj, number, source))
     if not sentences:
         raise WordSetError("no sentences found", None, source)

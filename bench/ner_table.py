@@ -38,10 +38,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.token_probe import run_token_probe  # noqa: E402
-from app.word_features import sentence_texts, uncovered_words, word_states  # noqa: E402
-from app.wordsets import read_wordset  # noqa: E402
-from workers.local import LocalExtractor  # noqa: E402
+from app.token_probe import run_token_probe
+from app.word_features import sentence_texts, uncovered_words, word_states
+from app.wordsets import read_wordset
+from workers.local import LocalExtractor
 
 DATA = ROOT.parent / "shared" / "data" / "conll2003"
 
@@ -173,7 +173,7 @@ def main() -> int:
 
 def print_table(rows: list[dict[str, Any]], info: dict[str, Any], n_train: int, n_train_words: int) -> None:
     paper = {v: (n, f) for v, n, f in PAPER}
-    print(f"\nCoNLL-2003 NER, development entity F1, frozen encoder")
+    print("\nCoNLL-2003 NER, development entity F1, frozen encoder")
     print(f"{'view':<15}{'ours':>7}   {'BERT paper (Table 7)':<40}{'paper':>6}")
     for row in rows:
         name, f1 = paper.get(row["view"], ("", None))

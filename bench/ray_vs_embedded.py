@@ -9,6 +9,8 @@ on a local cluster twice: ``ray-1`` with one actor using all the threads
 same cores, split). What is reported:
 
 - ``ray_start_s``: ``ray.init`` of a local cluster (paid once per server);
+- ``small_job``: a 20-text job on each backend: the fixed cost of a job
+  (for Ray: starting the actor process and loading the model in it);
 - per run: wall seconds, texts/s, tokens/s, and for Ray the change against
   embedded (``ray_s / embedded_s - 1``, embedded_s being the mean of one run
   before and one after the Ray runs, as load drifts on a shared machine),
@@ -23,7 +25,10 @@ Run::
 
 ``--threads 1`` on a machine shared with other work: two torch threads in
 one process slow down badly when the cores are oversubscribed, which would
-flatter Ray's split actors.
+flatter Ray's split actors. For the same reason the benchmark re-runs itself
+in a new session: Linux autogroup scheduling shares the CPU per session,
+and Ray's daemons (which start the actors) have a session of their own, so
+an embedded run left in a busy shell's session would get a smaller share.
 
 Prints a table and writes bench/out/ray_vs_embedded.json.
 """
@@ -34,6 +39,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,7 +84,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="cores to use: all for embedded, split across Ray actors")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--same-session", action="store_true",
+                    help="do not re-run in a new session (see the module docstring)")
     args = ap.parse_args()
+    if not args.same_session and os.getsid(0) != os.getpid():
+        sys.exit(subprocess.call([sys.executable, *sys.argv, "--same-session"],
+                                 start_new_session=True))
 
     import numpy as np
     import ray
@@ -100,6 +111,13 @@ def main() -> None:
     ray.init(num_cpus=max(args.threads, args.actors), num_gpus=0, include_dashboard=False, log_to_driver=False,
              object_store_memory=200 * 1024**2)
     results["ray_start_s"] = round(time.perf_counter() - t0, 2)
+    # the fixed cost of a job: 20 texts are ~0.1 s of encoding, the rest is starting actors
+    small = agnews(args.texts + 20, args.seed)[args.texts:]
+    results["small_job"] = {
+        "texts": len(small),
+        "embedded_s": run("embedded", small, FeatureStore(tmp / "small-e"), encoder)["seconds"],
+        "ray_s": run("ray", small, FeatureStore(tmp / "small-r"), encoder, ray_actors=1,
+                     threads=args.threads)["seconds"]}
     keys = sorted({emb_store.key(encoder.fingerprint, encoder.config, t) for t in texts})
     ref = emb_store.read_pooled(keys, "mean")
     runs = ["embedded"]
@@ -144,6 +162,9 @@ def main() -> None:
               f"{r['tokens_per_s']:.0f} | {vs} | {same} |")
     print(f"'vs embedded' compares with the mean of the two embedded runs "
           f"({results['embedded_mean_s']:.1f} s)")
+    sj = results["small_job"]
+    print(f"a {sj['texts']}-text job (fixed cost per job): embedded {sj['embedded_s']:.2f} s, "
+          f"Ray {sj['ray_s']:.2f} s (actor start and model load)")
     print(f"ray.init of a local Ray (once per server, not per job): {results['ray_start_s']:.1f} s")
 
 

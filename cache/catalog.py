@@ -171,14 +171,28 @@ class Catalog:
 
 
 class _Tx:
-    """``with catalog.tx() as db:`` — BEGIN IMMEDIATE … COMMIT, ROLLBACK on error."""
+    """``with catalog.tx() as db:`` — BEGIN IMMEDIATE … COMMIT, ROLLBACK on error.
+
+    Nested in another ``tx()`` of the same thread it becomes a savepoint, so
+    that several writes (a dataset and its job) commit together or not at all.
+    """
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+        self.savepoint: str | None = None
 
     def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
+        if self.db.in_transaction:
+            self.savepoint = f"lb_{id(self):x}"
+            self.db.execute(f"SAVEPOINT {self.savepoint}")
+        else:
+            self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+        if self.savepoint is not None:
+            if exc_type:
+                self.db.execute(f"ROLLBACK TO {self.savepoint}")
+            self.db.execute(f"RELEASE {self.savepoint}")
+            return
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")

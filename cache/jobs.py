@@ -93,9 +93,14 @@ class JobQueue:
         r = self.catalog.conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if r is None else _job(r)
 
-    def list(self, limit: int = 100) -> list[Job]:
+    def list(self, limit: int = 100, kinds: Sequence[str] | None = None) -> list[Job]:
+        """The newest jobs first; only those of ``kinds`` when given."""
+        where = ""
+        args: tuple[Any, ...] = ()
+        if kinds is not None:
+            where, args = f"WHERE kind IN ({','.join('?' * len(kinds))}) ", tuple(kinds)
         rows = self.catalog.conn().execute(
-            f"SELECT {_COLS} FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+            f"SELECT {_COLS} FROM jobs {where}ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
         return [_job(r) for r in rows]
 
     def claim(self, owner: str, kinds: Sequence[str], lease_s: float) -> Job | None:

@@ -23,15 +23,17 @@ directory is fsynced. A crash leaves at most a ``.tmp`` file.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import h5py
 import numpy as np
 
+from .space import ShardWriteError, as_write_error, check_room, estimate_bytes
+
 __all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "CorruptShardError",
-           "FORMAT_VERSION", "POOLINGS", "StorageRangeError"]
+           "FORMAT_VERSION", "POOLINGS", "StorageRangeError", "ShardWriteError"]
 
 FORMAT_VERSION = 1
 POOLINGS = ("mean", "cls", "max")
@@ -107,6 +109,9 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
     n = len(contents.keys)
     if n == 0:
         raise ValueError("a shard needs at least one row")
+    # HDF5 cannot recover from a disk that fills mid-write: refuse before starting
+    need = _planned_bytes(contents, dtype)
+    check_room(tmp, need)
     try:
         with h5py.File(tmp, "w") as f:
             _dataset(f, "keys", np.array(contents.keys, dtype="S64"))
@@ -126,11 +131,29 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        full = as_write_error(e, tmp, need) if isinstance(e, (OSError, RuntimeError)) else None
+        if full is not None and full is not e:
+            raise full from e
         raise
     _fsync_dir(final.parent)
     return final.stat().st_size
+
+
+def _planned_bytes(contents: ShardContents, dtype: str) -> int:
+    """Upper bound of the file's size (cache/space.py), known before writing."""
+    item, n = np.dtype(dtype).itemsize, len(contents.keys)
+    sizes = [64 * n, 4 * n, n]  # one per dataset: keys, n_tokens, truncated, ...
+    sizes += [int(np.prod(a.shape, dtype=np.int64)) * item for a in contents.pooled.values()]
+    if contents.tokens:
+        t = sum(r.states.shape[0] for r in contents.tokens)
+        n_states, d = contents.tokens[0].states.shape[1:3]
+        sizes += [t * d * item] * n_states + [4 * t, 8 * t, 4 * t, 8 * (n + 1)]
+    # the last chunk of a dataset is stored whole; chunks hold half to all of _CHUNK_BYTES
+    padding = sum(min(s, _CHUNK_BYTES) for s in sizes)
+    chunks = sum(2 * s // _CHUNK_BYTES + 1 for s in sizes)
+    return estimate_bytes(sizes + [padding], chunks)
 
 
 def _write_tokens(group: h5py.Group, tokens: list[TokenRows], dtype: str) -> None:
@@ -214,7 +237,7 @@ class ShardReader:
         A layer the shard does not hold is the caller's mistake, so it is a
         ValueError, not a CorruptShardError (which would quarantine a sound shard).
         """
-        n_states = sum(1 for k in g.keys() if k.startswith("layer_"))
+        n_states = sum(1 for k in g if k.startswith("layer_"))
         if layers is None:
             return list(range(n_states))
         if len(layers) == 0:
@@ -256,7 +279,7 @@ class ShardReader:
         """Token-level states of one row: states [t, len(layers), d]."""
         return self.read_tokens_many([row], layers)[0]
 
-    def read_tokens_many(self, rows: Sequence[int], layers: list[int] | None = None) -> list[TokenRows]:
+    def read_tokens_many(self, rows: Sequence[int] | np.ndarray, layers: list[int] | None = None) -> list[TokenRows]:
         """Token-level states of many rows (any order, repeats allowed), in ``rows`` order.
 
         Each dataset is read in few ranges (rows less than a chunk apart are

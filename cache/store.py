@@ -105,9 +105,18 @@ class FeatureStore:
         contents.attrs.setdefault("extraction_config", config.canonical())
         self._forget_reader(fname)
         n_bytes = write_shard(self.shard_dir / fname, contents, config.storage_dtype)
-        self.catalog.commit_shard(fname, model, config.canonical(), contents.keys,
-                                  contents.n_tokens, contents.truncated,
-                                  has_tokens=contents.tokens is not None, n_bytes=n_bytes)
+        try:
+            self.catalog.commit_shard(fname, model, config.canonical(), contents.keys,
+                                      contents.n_tokens, contents.truncated,
+                                      has_tokens=contents.tokens is not None, n_bytes=n_bytes)
+        except BaseException:
+            # not in the catalog, so never read: give its space back now, not at the next start
+            try:
+                if fname not in self.catalog.shard_names():
+                    (self.shard_dir / fname).unlink(missing_ok=True)
+            except Exception:  # the catalog is unreadable too: the next start removes it
+                log.exception("could not remove uncommitted shard %s", fname)
+            raise
         return n_bytes
 
     def is_committed(self, name: str) -> bool:

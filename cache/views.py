@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["View", "ViewError", "parse_view", "NAMED_VIEWS"]
+__all__ = ["View", "ViewError", "parse_view", "NAMED_VIEWS", "MAX_VIEW_LAYERS"]
 
 NAMED_VIEWS = ("concat_last_4", "sum_last_4", "mean_all", "all_layers")
+MAX_VIEW_LAYERS = 256  # entries in layers:I,J,... (repeats allowed)
 
 
 class ViewError(ValueError):
@@ -98,8 +99,14 @@ class View:
                 return stack.mean(axis=1)
             return stack.sum(axis=1)
         # weighted: weights are aligned with needed_layers, which is 0..H-1
-        w = np.asarray(self.weights, dtype=np.float32)
-        return np.einsum("nld,l->nd", stack, w)
+        w = np.asarray(self.weights, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = np.einsum("nld,l->nd", stack, w).astype(np.float32)
+        if not np.isfinite(out).all() and np.isfinite(stack).all():
+            # finite weights so large that the sum leaves float32: never serve inf
+            raise ViewError(f"view {self.spec!r}: these weights make values too large for "
+                            "float32; use smaller weights (e.g. ones that sum to 1)")
+        return out
 
     def apply(self, all_states: np.ndarray) -> np.ndarray:
         """Apply the view to a full [n, H, d] array of hidden states."""
@@ -111,6 +118,10 @@ def _parse_int_list(spec: str, body: str) -> tuple[int, ...]:
     parts = [p.strip() for p in body.split(",")]
     if not body.strip() or any(not p for p in parts):
         raise ViewError(f"view {spec!r}: expected comma-separated layer numbers")
+    if len(parts) > MAX_VIEW_LAYERS:
+        # each entry adds a hidden state's width to every row: a long list is a memory bomb
+        raise ViewError(f"view {spec[:40]!r}...: {len(parts):,} layers; a view names at most "
+                        f"{MAX_VIEW_LAYERS}")
     try:
         return tuple(int(p) for p in parts)
     except ValueError:
@@ -121,6 +132,9 @@ def _parse_weights(spec: str, body: str) -> tuple[float, ...]:
     parts = [p.strip() for p in body.split(",")]
     if not body.strip() or any(not p for p in parts):
         raise ViewError(f"view {spec!r}: expected comma-separated weights")
+    if len(parts) > MAX_VIEW_LAYERS:
+        raise ViewError(f"view {spec[:40]!r}...: {len(parts):,} weights; a view names at most "
+                        f"{MAX_VIEW_LAYERS}")
     try:
         weights = tuple(float(p) for p in parts)
     except ValueError:

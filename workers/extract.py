@@ -23,7 +23,7 @@ import numpy as np
 from cache.shard import ShardContents, TokenRows
 from cache.store import FeatureStore
 
-from .batching import token_budget_batches
+from .batching import batch_cost_tokens, min_padding_batches
 from .encoder import Encoded, Encoder
 
 __all__ = ["extract", "ExtractSummary", "Progress", "Stopped"]
@@ -126,12 +126,19 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
 def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_tokens: int,
                  prog: Progress, t0: float, progress: Callable[[Progress], None] | None,
                  should_continue: Callable[[], bool] | None) -> Encoded:
-    """Encode one part in token-budget batches; results in the order of ``texts``."""
+    """Encode one part in token-budget batches; results in the order of ``texts``.
+
+    Pooled rows go straight into arrays of the storage dtype (float16 by
+    default): the same rounding the shard writer would do, at half the memory.
+    """
     tok = encoder.tokenize(texts, want_offsets=want_tokens)
     n = len(texts)
+    dtype = np.dtype(encoder.config.storage_dtype)
     pooled: dict[str, np.ndarray] = {}
     tokens: list[TokenRows | None] = [None] * n
-    for batch_idx in token_budget_batches(tok.lengths, max_tokens):
+    batches = min_padding_batches(tok.lengths, max_tokens,
+                                  batch_cost_tokens=batch_cost_tokens(encoder.device.type))
+    for batch_idx in batches:
         if should_continue is not None and not should_continue():
             raise Stopped("stopped between batches")
         sub = type(tok)([tok.input_ids[i] for i in batch_idx], [tok.truncated[i] for i in batch_idx],
@@ -140,13 +147,13 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
         out = encoder.encode(sub, want_tokens=want_tokens)
         for name, arr in out.pooled.items():
             if name not in pooled:
-                pooled[name] = np.empty((n,) + arr.shape[1:], dtype=np.float32)
+                pooled[name] = np.empty((n,) + arr.shape[1:], dtype=dtype)
             pooled[name][batch_idx] = arr
         if out.tokens is not None:
             for j, i in enumerate(batch_idx):
                 tokens[i] = out.tokens[j]
         prog.done += len(batch_idx)
-        prog.tokens += int(sum(sub.lengths))
+        prog.tokens += int(out.n_tokens.sum())
         prog.seconds = time.perf_counter() - t0
         if progress:
             progress(prog)

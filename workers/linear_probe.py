@@ -85,19 +85,25 @@ def _probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: n
 
 
 def probe_head(x: np.ndarray, y: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """StandardScaler + LogisticRegression fit on ``(x, y)``, folded into one linear layer.
+    """A logistic-regression probe on ``(x, y)`` as one linear layer, to start a head from.
 
     Returns float32 ``(weight [C, d], bias [C])`` whose logits' argmax is the
     probe's prediction, so a fine-tuning head can start where linear probing
     ends (LP-FT, Kumar et al. 2022) instead of at random: with a few hundred
     examples and a few epochs a random head is still undertrained, and the
     comparison would measure the step budget rather than the regime.
+
+    Features are centred and divided by one scalar (the mean per-dimension
+    std), not standardised per dimension: all-MiniLM-L6-v2 has near-constant
+    dimensions (std ~1e-9) that per-dimension scaling turns into weights of
+    ~1e28, so the first encoder update, moving those dimensions a little,
+    flipped every prediction.
     """
+    centre, scale = x.mean(0), float(x.std(0).mean()) or 1.0
     with threadpool_limits(limits=1):
-        scaler = StandardScaler().fit(x)
-        clf = LogisticRegression(C=1.0, max_iter=2000).fit(scaler.transform(x), y)
-    w = clf.coef_ / scaler.scale_  # w . (x - mean) / scale + b  ==  (w / scale) . x + b'
-    b = clf.intercept_ - w @ scaler.mean_
+        clf = LogisticRegression(C=1.0, max_iter=2000).fit((x - centre) / scale, y)
+    w = clf.coef_ / scale  # w . (x - centre) / scale + b  ==  (w / scale) . x + b'
+    b = clf.intercept_ - w @ centre
     weight, bias = np.zeros((n_classes, x.shape[1])), np.zeros(n_classes)
     if w.shape[0] == 1:  # binary: sigmoid(z) is softmax([0, z]) for the second class
         weight[clf.classes_[1]], bias[clf.classes_[1]] = w[0], b[0]

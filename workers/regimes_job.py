@@ -193,25 +193,9 @@ class _Job:
                         runs[regime].append({"seed": seed, **probes[rows.tobytes()]})
                         self._tick(self.done + 1)
                         continue
-                    settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
-                                             max_epochs=self.epochs[size], patience=self.patience,
-                                             batch_size=self.batch_size, top_k=n_frozen, seed=seed,
-                                             device=self.device, head_init=head)
-                    base = self.done
-
-                    def tick(epoch: int, _n: int, base: int = base) -> None:
-                        self._tick(base + epoch)
-                    run = finetune(encoder.model, split(rows), split(val), split(test), len(classes),
-                                   int(encoder.tokenizer.pad_token_id or 0), settings, tick,
-                                   self.should_cancel)
-                    self._tick(base + self.epochs[size])  # early stopping skips the rest
-                    scores = {k: v for k, v in vars(run).items() if k != "state"}
-                    save_artifact(self.out, stem.format(regime), run.state,
-                          {"regime": regime, "seed": seed, **meta, "top_k": n_frozen,
-                           "lora_rank": LORA_RANK, "lr": self.rates[regime],
-                           "head": "linear on mean-pooled last hidden state", **scores})
-                    runs[regime].append({"seed": seed, **scores,
-                                         "stored_params": sum(t.numel() for t in run.state.values())})
+                    runs[regime].append(self._finetune(regime, seed, size, head, stem.format(regime),
+                                                       encoder, split(rows), split(val), split(test),
+                                                       len(classes), n_frozen, meta))
             table = {r: table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
                                    feature_seconds) for r, rs in runs.items()}
             curve.append({"train_size": len(rows), "regimes": table, **choose(table)})
@@ -231,6 +215,26 @@ class _Job:
         if self.sizes != [None]:
             result["learning_curve"] = curve
         return result
+
+    def _finetune(self, regime: str, seed: int, size: int | None,
+                  head: tuple[np.ndarray, np.ndarray] | None, stem: str, encoder: Encoder,
+                  train: Split, val: Split, test: Split, n_classes: int, n_frozen: int,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+        settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
+                                 max_epochs=self.epochs[size], patience=self.patience,
+                                 batch_size=self.batch_size, top_k=n_frozen, seed=seed,
+                                 device=self.device, head_init=head)
+        base = self.done
+        run = finetune(encoder.model, train, val, test, n_classes,
+                       int(encoder.tokenizer.pad_token_id or 0), settings,
+                       lambda epoch, _total: self._tick(base + epoch), self.should_cancel)
+        self._tick(base + self.epochs[size])  # early stopping skips the rest
+        scores = {k: v for k, v in vars(run).items() if k != "state"}
+        save_artifact(self.out, stem, run.state,
+                      {"regime": regime, "seed": seed, **meta, "top_k": n_frozen, "lora_rank": LORA_RANK,
+                       "lr": self.rates[regime], "head_init": self.head_init,
+                       "head": "linear on mean-pooled last hidden state", **scores})
+        return {"seed": seed, **scores, "stored_params": sum(t.numel() for t in run.state.values())}
 
     def _probe(self, features: np.ndarray, y: np.ndarray, rows: np.ndarray, val: np.ndarray,
                test: np.ndarray, stem: str, meta: dict[str, Any]) -> dict[str, Any]:

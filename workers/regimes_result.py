@@ -4,7 +4,9 @@
 accuracy and macro-F1 as mean and standard deviation (ddof=1) over seeds,
 trainable parameters and their share of encoder + head (the unused pooler
 excluded), bytes to store per task (float32: what trained, plus the head, plus
-the probe's scaler for ``frozen``), seconds per epoch, peak memory.
+the probe's scaler for ``frozen``), seconds per epoch (training steps only,
+validation excluded; for ``frozen``, fitting the probes of every layer), peak
+memory (max over seeds; ``peak_memory_kind`` says how it was measured).
 ``choose`` names the best regime and the cheapest within one std of it.
 ``save_artifact`` writes trained tensors as safetensors with a JSON sidecar
 (never a pickle).

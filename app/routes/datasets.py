@@ -78,6 +78,9 @@ async def _json_items(request: Request) -> dict[str, Any]:
         raw = await request.json()
     except ValueError as e:
         raise InvalidInput(f"the body is not valid JSON: {e}", field="body") from None
+    except RecursionError:
+        raise InvalidInput("the body is not valid JSON here: it is nested too deeply",
+                           field="body") from None
     try:
         body = DatasetCreate.model_validate(raw)
     except ValidationError as e:
@@ -139,19 +142,32 @@ async def _upload_items(request: Request) -> dict[str, Any]:
 
         try:
             col = int(_form_str(form, "tag_column") or 1)
-            sents = parse_wordset(data, fmt, tag_column=col, source=source)
+            # parsing a large file takes seconds: off the event loop
+            sents = await run_in_threadpool(parse_wordset, data, fmt, tag_column=col, source=source)
         except (WordSetError, ValueError) as e:
             raise InvalidInput(f"file: {e}", field="file") from None
         return {**_word_items(name, [list(s.words) for s in sents], [list(s.tags) for s in sents],
                               None), "source": source}
     try:
-        table = parse_texts(data, "tsv" if fmt == "tsv" else fmt, text_column=_form_str(form, "text_column"),
+        table = await run_in_threadpool(
+            parse_texts, data, "tsv" if fmt == "tsv" else fmt, text_column=_form_str(form, "text_column"),
                             label_column=_form_str(form, "label_column"),
                             header=(_form_str(form, "no_header") or "false").lower() not in ("1", "true", "yes", "on"))
     except InputError as e:
         raise InvalidInput(f"file: {e}", field="file") from None
     return {"name": name, "texts": table.texts, "labels": table.labels, "source": source,
             "skipped_empty": len(table.skipped_empty)}
+
+
+def _check_unicode(field: str, values: list[Any]) -> None:
+    """422 for a lone surrogate (valid JSON, not storable as UTF-8 text)."""
+    for i, v in enumerate(values):
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInput(f"{field}.{i} is not valid Unicode (it holds a lone surrogate)",
+                                   field=f"{field}.{i}") from None
 
 
 @router.post("/datasets", status_code=202, response_model=DatasetOut,
@@ -179,6 +195,9 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
     labels = items.get("labels")
     if labels is not None and len(labels) != len(texts):
         raise InvalidInput(f"labels has {len(labels)} items, texts has {len(texts)}", field="labels")
+    _check_unicode("labels", labels or [])
+    for i, tags in enumerate(items.get("tags") or []):
+        _check_unicode(f"tags.{i}", tags)
     name = items["name"]
     if any(ord(c) < 32 for c in name):
         raise InvalidInput("name: control characters are not allowed", field="name")
@@ -192,12 +211,14 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
             "skipped_empty": items.get("skipped_empty", 0)}
 
     def register() -> Dataset:
-        # the dataset first: a worker that claims the job at once must find it
-        ds = state.datasets.create(name, texts, labels=labels, words=items.get("words"),
-                                   tags=items.get("tags"), model=m.name, config=m.config,
-                                   job_id=job_id, meta=meta, dataset_id=ds_id)
-        state.queue.submit("extract", {"dataset_id": ds_id, "want_tokens": token}, job_id=job_id,
-                           max_attempts=s.max_attempts)
+        # one transaction: a crash never leaves a dataset without its job (or a job
+        # without its dataset), and a worker that claims the job finds the dataset
+        with state.store.catalog.tx():
+            ds = state.datasets.create(name, texts, labels=labels, words=items.get("words"),
+                                       tags=items.get("tags"), model=m.name, config=m.config,
+                                       job_id=job_id, meta=meta, dataset_id=ds_id)
+            state.queue.submit("extract", {"dataset_id": ds_id, "want_tokens": token},
+                               job_id=job_id, max_attempts=s.max_attempts)
         return ds
 
     ds = await run_in_threadpool(register)

@@ -125,8 +125,12 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
     data, entries = res.data, list(res.entries)
     for attempt in range(2):  # twice: a shard quarantined between commit and read is recomputed
         miss = [i for i in range(len(keys)) if entries[i] is None]
-        await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint)
-        got = await run_in_threadpool(rows.read, store, [keys[i] for i in miss], view, pooling, h)
+        miss_keys = [keys[i] for i in miss]
+        await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint,
+                                   hint=(miss_keys, pooling))
+        got = rows.try_read(miss_keys, view, pooling, h)  # the batcher read them into memory
+        if got is None:
+            got = await run_in_threadpool(rows.read, store, miss_keys, view, pooling, h)
         data = _merge(data, got, miss, len(keys))
         for j, i in enumerate(miss):
             entries[i] = got.entries[j] if got.found[j] else None
@@ -140,6 +144,17 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
                         [e.truncated for e in entries], m, view, pooling, keys)  # type: ignore[union-attr]
     metrics.tokens_computed.inc(out.tokens_computed)
     return out
+
+
+async def warm_rows(state: AppState, hints: list[Any]) -> None:
+    """After a micro-batch is stored: read all its requests' rows in one store
+    read per pooling, so each request then answers from memory."""
+    by_pooling: dict[str, list[str]] = {}
+    for h in hints:
+        if h is not None:
+            by_pooling.setdefault(h[1], []).extend(h[0])
+    for pooling, keys in by_pooling.items():
+        await run_in_threadpool(state.rows.warm, state.store, keys, pooling)
 
 
 def _merge(data: np.ndarray, got: ReadResult, idx: list[int], n: int) -> np.ndarray:

@@ -59,7 +59,8 @@ def test_every_regime_on_a_seeded_sst2_subset(tmp_path: Path) -> None:
     assert all(r["matches_formula"] for r in rows.values())
     assert rows["lora"]["encoder_trainable"] == 6 * 2 * 2 * 384 * 8
     assert rows["frozen"]["accuracy_mean"] > 0.65
-    assert max(rows[r]["accuracy_mean"] for r in rows if r != "frozen") > 0.55
+    # fine-tuning starts from the probe (LP-FT), so no regime should fall to chance
+    assert min(rows[r]["accuracy_mean"] for r in rows if r != "frozen") > 0.6
     adam_moments = 2 * 4 * rows["full"]["encoder_trainable"]
     assert rows["full"]["peak_memory_bytes"] - rows["bitfit"]["peak_memory_bytes"] > adam_moments
     assert rows["frozen"]["bytes_per_task"] < 10_000 < rows["lora"]["bytes_per_task"] < 400_000

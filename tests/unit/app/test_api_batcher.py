@@ -63,11 +63,17 @@ def test_requests_within_the_window_share_one_job(setup) -> None:  # type: ignor
     queue, make_worker = setup
     worker = make_worker()
 
+    hints: list = []
+
+    async def on_done(batch_hints: list) -> None:
+        hints.append(sorted(batch_hints))
+
     async def main() -> None:
-        b = Batcher(queue, window_ms=50, max_pending=100)
-        await asyncio.gather(*(b.encode([f"t{i}", "shared"], model="fp") for i in range(10)))
+        b = Batcher(queue, window_ms=50, max_pending=100, on_done=on_done)
+        await asyncio.gather(*(b.encode([f"t{i}", "shared"], model="fp", hint=i) for i in range(10)))
         assert b.stats.batches == 1 and b.stats.requests == 10
         assert b.waiting == 0
+        assert hints == [list(range(10))]  # once per batch, with every request's hint
 
     asyncio.run(main())
     assert len(worker.batches) == 1

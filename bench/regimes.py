@@ -1,0 +1,94 @@
+"""Freeze or fine-tune on SST-2: every regime, three training sizes, CPU.
+
+Samples a pool from ../shared/data/sst2/train.tsv (seeded), splits it once
+(stratified: ``--val`` validation and ``--test`` test sentences, the rest
+train), and runs ``workers.regimes_job.run_regimes`` with the bundled
+all-MiniLM-L6-v2 on the CPU at training sizes 100, 500 and 2,000 (each seed
+draws its own stratified subsample of the train split; every regime of a seed
+shares it). Prints the table (test macro-F1 and accuracy, trainable share,
+bytes per task, seconds per epoch, peak memory) per size, and the verdict.
+
+    .venv/bin/python bench/regimes.py                   # the documented run
+    .venv/bin/python bench/regimes.py --seeds 2 --epochs 100:2,500:1,2000:1
+
+Settings chosen to stay near 30 minutes on two shared cores, and so smaller
+than a tuned study: at most 3 / 1 / 1 epochs for 100 / 500 / 2,000 sentences,
+max_length 32 (SST-2 training phrases average 13 tokens; 6% exceed 32),
+batch 32, default learning rates (``workers.regimes_job.DEFAULT_LR``),
+fine-tuned heads starting from the last layer's probe (LP-FT), one torch
+thread (on the shared machine two threads ran 5x slower, not faster).
+
+Writes bench/out/regimes.json and bench/out/regimes.png (ignored by git).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SST2 = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
+
+
+def _epochs(spec: str) -> dict[int, int]:
+    return {int(k): int(v) for k, v in (part.split(":") for part in spec.split(","))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100,500,2000", help="training sizes, comma-separated")
+    ap.add_argument("--epochs", default="100:3,500:1,2000:1", help="max epochs per size, size:epochs")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--val", type=int, default=100, help="validation sentences")
+    ap.add_argument("--test", type=int, default=200, help="test sentences")
+    ap.add_argument("--spare", type=int, default=400, help="extra train-split sentences so the "
+                    "largest size is a subsample too")
+    ap.add_argument("--max-length", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0, help="pool sampling and split seed")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
+    args = ap.parse_args()
+
+    import torch
+
+    from workers.regimes_job import run_regimes
+    from workers.regimes_plot import format_regimes_table, regimes_plot_png
+
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = [line.split("\t") for line in SST2.read_text(encoding="utf-8").splitlines()[1:]]
+    pool = max(sizes) + args.spare + args.val + args.test
+    rows = random.Random(args.seed).sample(rows, pool)
+    texts, labels = [r[0] for r in rows], [int(r[1]) for r in rows]
+    started = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r{done}/{total} epochs, {time.perf_counter() - started:.0f} s", end="", flush=True)
+
+    result = run_regimes(texts, labels, seeds=args.seeds, train_sizes=sizes, split_seed=args.seed,
+                         test_size=args.test / pool, val_size=args.val / pool,
+                         max_epochs=_epochs(args.epochs), batch_size=args.batch_size,
+                         max_length=args.max_length, device="cpu", progress=progress)
+    elapsed = time.perf_counter() - started
+    result["bench"] = {"data": str(SST2), "pool": pool, "seconds": elapsed, "threads": args.threads}
+    print()
+    print(format_regimes_table(result))
+    print(f"pool {pool} sentences (train {result['split']['n_train']}, val {result['split']['n_val']}, "
+          f"test {result['split']['n_test']}); {args.seeds} seeds; epochs {args.epochs}; "
+          f"max_length {args.max_length}; batch {args.batch_size}; {args.threads} thread(s); "
+          f"{elapsed / 60:.1f} min")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "regimes.json").write_text(json.dumps(result, indent=1))
+    (out / "regimes.png").write_bytes(regimes_plot_png(result))
+    print(f"wrote {out / 'regimes.json'} and {out / 'regimes.png'}")
+
+
+if __name__ == "__main__":
+    main()

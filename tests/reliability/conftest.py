@@ -1,0 +1,105 @@
+"""Reliability fixtures: real ``layerbank serve`` processes on the tiny random
+encoder (the numbers do not matter here, the faults do), and real text.
+
+Fixtures
+--------
+``rel_server`` (session)
+    One server shared by the hostile-input, corruption and load tests:
+    ``REL_SETTINGS`` (small limits, so limits are cheap to reach). Tests use
+    their own texts (``phrases(n, offset)``) and leave it running.
+``tiny_server_factory`` (function)
+    ``tiny_server_factory(**settings) -> ServerProcess`` on the tiny model, for
+    tests that kill, restart or reconfigure a server; stopped afterwards.
+
+Helpers: ``phrases(n, offset)`` takes distinct SST-2 *training* phrases (a
+seeded shuffle; the integration tests use the dev split), ``reference(texts,
+tiny_model_dir, tmp, ...)`` extracts texts in-process into a clean store, the
+numbers a crash-free run gives. Offsets used: hostile 0-999, corruption
+1000-1999, load 2000-9999 (bench/load.py: 10000+), server crash 20000-29999,
+worker crash 30000-34999, disk full 35000-39999.
+
+Every server here listens on 127.0.0.1 and runs its worker with one thread.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tests.integration.conftest import DATA, ServerProcess
+
+REL_SETTINGS: dict[str, Any] = {
+    "max_texts_per_request": 64,
+    "max_chars_per_text": 2000,
+    "max_body_bytes": 16 * 1024 * 1024,
+    "max_queue_depth": 4,
+    "max_dataset_texts": 5000,
+    "part_size": 64,
+    "max_tokens_per_batch": 1024,
+    "heartbeat_seconds": 1,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "reliability: fault injection, load and fuzzing (tests/reliability)")
+
+
+_PHRASES: list[str] = []
+
+
+def phrases(n: int, offset: int) -> list[str]:
+    """``n`` distinct SST-2 training phrases of 3+ words: rows ``offset:offset+n`` of a seeded shuffle."""
+    if not _PHRASES:
+        seen: set[str] = set()
+        with open(DATA / "sst2" / "train.tsv", encoding="utf-8") as fh:
+            next(fh)
+            for line in fh:
+                text = line.rstrip("\n").split("\t")[0]
+                if len(text.split()) >= 3 and text.strip() == text:
+                    seen.add(text)
+        rows = sorted(seen)
+        random.Random(7).shuffle(rows)
+        _PHRASES.extend(rows)
+    out = _PHRASES[offset: offset + n]
+    assert len(out) == n, f"only {len(_PHRASES)} phrases"
+    return out
+
+
+def reference(texts: list[str], model_dir: str, data_dir: Path, *, part_size: int,
+              max_tokens: int) -> Any:
+    """Extract ``texts`` in-process into a fresh store: what a run without faults stores."""
+    from cache.store import FeatureStore
+    from workers.encoder import Encoder
+    from workers.extract import extract
+
+    store = FeatureStore(data_dir)
+    enc = Encoder.load(model_dir, device="cpu")
+    summary = extract(texts, store, enc, job_id="reference", part_size=part_size,
+                      max_tokens=max_tokens)
+    return store, enc, summary
+
+
+@pytest.fixture(scope="session")
+def rel_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Iterator[ServerProcess]:
+    server = ServerProcess(tmp_path_factory.mktemp("rel-server") / "data",
+                           {**REL_SETTINGS, "model": tiny_model_dir})
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tiny_server_factory(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[..., ServerProcess]]:
+    made: list[ServerProcess] = []
+
+    def make(api_key: str | None = None, start: bool = True, **settings: Any) -> ServerProcess:
+        s = ServerProcess(tmp_path / f"data{len(made)}", {"model": tiny_model_dir, **settings}, api_key)
+        made.append(s)
+        return s.start() if start else s
+
+    yield make
+    for s in made:
+        s.stop()
