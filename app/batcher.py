@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from app.errors import ExtractionFailed, Overloaded, Timeout
 from cache.jobs import JobQueue
 
-__all__ = ["Batcher", "BatchStats", "ENCODE_PRIORITY"]
+__all__ = ["ENCODE_PRIORITY", "BatchStats", "Batcher"]
 
 ENCODE_PRIORITY = 100  # workers.jobs_registry.ENCODE_PRIORITY (app/ does not import workers/)
 log = logging.getLogger("layerbank.api")
@@ -108,7 +109,7 @@ class Batcher:
                 self._timer = asyncio.get_running_loop().call_later(self.window_s, self._maybe_flush)
             try:
                 await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Timeout(f"the encoder did not answer within {self.timeout_s:.0f} s") from None
         finally:
             self._waiting -= 1

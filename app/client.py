@@ -22,13 +22,14 @@ import base64
 import io
 import json
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import httpx
 import numpy as np
 
-__all__ = ["Client", "ApiError", "JobFailed"]
+__all__ = ["ApiError", "Client", "JobFailed"]
 
 
 class ApiError(Exception):
@@ -185,7 +186,7 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:

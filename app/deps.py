@@ -35,7 +35,7 @@ from cache.datasets import DatasetStore
 from cache.jobs import JobQueue
 from cache.store import FeatureStore
 
-__all__ = ["ModelRef", "AppState", "get_state", "ApiKeyGuard", "BodyLimitGuard"]
+__all__ = ["ApiKeyGuard", "AppState", "BodyLimitGuard", "ModelRef", "get_state"]
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,18 @@ class ModelRef:
     precision: str
     info: dict[str, Any]
 
-    def accepts(self, requested: str | None) -> bool:
-        """Whether a request's ``model`` names this model."""
-        if requested in (None, "", "default", self.fingerprint, self.name):
-            return True
+    def names(self) -> list[str]:
+        """Every name a request's ``model`` may use for this model."""
         path = str(self.info.get("path", ""))
-        if requested in (path, os.path.basename(path.rstrip("/"))):
-            return True
         # "all-MiniLM-L6-v2 (embedded)" is also asked for as all-MiniLM-L6-v2 and its hub name
         base = self.name.split(" (")[0]
-        return requested in (base, f"sentence-transformers/{base}")
+        out = ["default", self.name, base, f"sentence-transformers/{base}", self.fingerprint, path,
+               os.path.basename(path.rstrip("/"))]
+        return [n for n in dict.fromkeys(out) if n]
+
+    def accepts(self, requested: str | None) -> bool:
+        """Whether a request's ``model`` names this model."""
+        return requested is None or requested in self.names()
 
 
 class AppState:

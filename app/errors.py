@@ -42,12 +42,27 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from cache.views import ViewError
 
-__all__ = ["ApiError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge",
-           "UnsupportedMediaType", "InvalidInput", "Overloaded", "ExtractionFailed", "NotReady",
-           "Timeout", "STATUS_TYPES", "error_body", "install_error_handlers"]
+__all__ = [
+    "STATUS_TYPES",
+    "ApiError",
+    "BadRequest",
+    "Conflict",
+    "ExtractionFailed",
+    "InvalidInput",
+    "NotFound",
+    "NotReady",
+    "Overloaded",
+    "Timeout",
+    "TooLarge",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "error_body",
+    "install_error_handlers",
+]
 
 log = logging.getLogger("layerbank.api")
 
@@ -137,8 +152,7 @@ def _validation_message(err: dict[str, Any]) -> tuple[str, str]:
         reason = (err.get("ctx") or {}).get("error", "invalid JSON")
         return "body", f"the body is not valid JSON: {reason} (at character {field})"
     msg = str(err.get("msg", "invalid value"))
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    msg = msg.removeprefix("Value error, ")
     return field, f"{field}: {msg}"
 
 
@@ -182,12 +196,34 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
                                        field="body"), status_code=422)
     if status == 404 and detail == "Not Found":
         detail = f"no route {request.url.path}; see /docs for the API"
-    elif status == 405:
-        allow = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
-        detail = f"method {request.method} is not allowed on {request.url.path}" + (
-            f"; allowed: {allow}" if allow else "")
+    headers = exc.headers
+    if status == 405:
+        # Starlette names only the methods of the first route on this path; a path
+        # served by several routes (GET list + POST create) allows all of theirs
+        allow = ", ".join(_allowed_methods(request))
+        headers = {**(headers or {}), "Allow": allow}
+        detail = f"method {request.method} is not allowed on {request.url.path}; allowed: {allow}"
     return JSONResponse(error_body(detail, STATUS_TYPES.get(status, "error")), status_code=status,
-                        headers=exc.headers)
+                        headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "__none__"}  # matches no route fully: path-only matching
+
+    def visit(routes: Any) -> None:
+        for route in routes:
+            inner = getattr(route, "original_router", None) or getattr(route, "routes", None)
+            if inner is not None and not hasattr(route, "methods"):
+                visit(getattr(inner, "routes", inner))  # an included router: its own routes
+                continue
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                methods.update(getattr(route, "methods", None) or ())
+
+    visit(request.app.router.routes)
+    methods.discard("HEAD")  # implied by GET; the schema documents GET
+    return sorted(methods)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

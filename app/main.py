@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 
 from app.batcher import Batcher
-from app.deps import AppState, ApiKeyGuard, BodyLimitGuard
+from app.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestTimer
 from app.routes import datasets, embeddings, features, heads, jobs, ops, probes
+from app.schemas import apply_limits
 from app.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -69,11 +71,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
               probes.router, heads.router):
         app.include_router(r)
+    _openapi_with_limits(app, settings)
     # added innermost first: the timer sees every request, 401s and 413s included
     app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
     app.add_middleware(RequestTimer, metrics=metrics)
     return app
+
+
+def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
+    """The schema at /openapi.json carries this server's limits and, once the
+    worker has registered the model, its layer range and names."""
+    generate = app.openapi
+    made_for: list[Any] = [object()]  # the model the cached schema was made for
+
+    def openapi() -> dict[str, Any]:
+        state = getattr(app.state, "layerbank", None)
+        model = None if state is None else state.model
+        if app.openapi_schema is None or made_for[0] is not model:
+            app.openapi_schema = None
+            apply_limits(generate(), max_texts=settings.max_texts_per_request,
+                         max_chars=settings.max_chars_per_text,
+                         max_dataset_texts=settings.max_dataset_texts,
+                         n_states=None if model is None else model.n_hidden_states,
+                         model_names=None if model is None else model.names())
+            made_for[0] = model
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _watch_model(state: AppState) -> None:

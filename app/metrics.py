@@ -30,17 +30,17 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from app.deps import AppState
 
-__all__ = ["Metrics", "RequestTimer", "CONTENT_TYPE"]
+__all__ = ["CONTENT_TYPE", "Metrics", "RequestTimer"]
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -62,7 +62,7 @@ class Metrics:
                                        "tokens encoded for the misses of HTTP requests", registry=r)
         self._collector: _CatalogCollector | None = None
 
-    def bind(self, state: "AppState") -> None:
+    def bind(self, state: AppState) -> None:
         if self._collector is not None:
             self.registry.unregister(self._collector)  # type: ignore[arg-type]
         self._collector = _CatalogCollector(state)
@@ -75,7 +75,7 @@ class Metrics:
 class _CatalogCollector:
     """Figures that live in the catalog or the batcher, read at scrape time."""
 
-    def __init__(self, state: "AppState") -> None:
+    def __init__(self, state: AppState) -> None:
         self.state = state
 
     def collect(self) -> Iterator[Metric]:

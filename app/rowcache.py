@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from cache.catalog import Entry
 from cache.store import FeatureStore, ReadResult
 from cache.views import View
 
-__all__ = ["RowCache", "ROW_CACHE_BYTES"]
+__all__ = ["ROW_CACHE_BYTES", "RowCache"]
 
 ROW_CACHE_BYTES = 64 << 20  # ~12,000 rows of a 6-layer, 384-wide model in float16
 

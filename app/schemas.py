@@ -16,11 +16,35 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-__all__ = ["ErrorResponse", "FeaturesRequest", "FeaturesResponse", "FeatureItem", "FeaturesUsage",
-           "EmbeddingsRequest", "EmbeddingsResponse", "EmbeddingItem", "EmbeddingsUsage",
-           "DatasetCreate", "DatasetTexts", "DatasetWords", "DatasetOut", "DatasetList", "DatasetDeleted", "JobOut", "JobList",
-           "Progress", "InfoOut", "ReadyOut", "HealthOut", "Pooling", "Format", "error_responses",
-           "apply_limits", "Text"]
+__all__ = [
+    "DatasetCreate",
+    "DatasetDeleted",
+    "DatasetList",
+    "DatasetOut",
+    "DatasetTexts",
+    "DatasetWords",
+    "EmbeddingItem",
+    "EmbeddingsRequest",
+    "EmbeddingsResponse",
+    "EmbeddingsUsage",
+    "ErrorResponse",
+    "FeatureItem",
+    "FeaturesRequest",
+    "FeaturesResponse",
+    "FeaturesUsage",
+    "Format",
+    "HealthOut",
+    "InfoOut",
+    "JobList",
+    "JobOut",
+    "Pooling",
+    "Progress",
+    "ReadyOut",
+    "Text",
+    "apply_limits",
+    "error_responses",
+    "view_pattern",
+]
 
 Pooling = Literal["mean", "cls", "max"]
 Format = Literal["json", "base64"]
@@ -218,22 +242,66 @@ class InfoOut(BaseModel):
     limits: dict[str, int | float]
 
 
-def apply_limits(schema: dict[str, Any], *, max_texts: int, max_chars: int, max_dataset_texts: int) -> None:
-    """Write the server's configured limits into its OpenAPI schema (in place),
-    so that a schema-valid request is never refused for its size."""
-    comps = schema.get("components", {}).get("schemas", {})
+_NUM = r"-?(?:\d{1,15}(?:\.\d{0,15})?|\.\d{1,15})(?:[eE][-+]?\d{1,2})?"
 
-    def limit_list(prop: dict[str, Any], n: int) -> None:
+
+def view_pattern(n_states: int | None, *, all_layers: bool = True) -> str:
+    """A regular expression for the views a model with ``n_states`` hidden states
+    accepts (any layer number when unknown); the API holds views to it exactly."""
+    if n_states is None:
+        idx, weights = r"-?\d{1,6}", f"{_NUM}(?:,{_NUM})*"
+    else:
+        idx = "(?:" + "|".join(str(i) for i in range(-n_states, n_states)) + ")"
+        weights = f"{_NUM}(?:,{_NUM}){{{n_states - 1}}}"
+    named = ["mean_all"] + (["all_layers"] if all_layers else []) + (["concat_last_4", "sum_last_4"]
+                                          if n_states is None or n_states >= 4 else [])
+    return f"^(?:layer:{idx}|layers:{idx}(?:,{idx})*|{'|'.join(named)}|weighted:{weights})$"
+
+
+def apply_limits(schema: dict[str, Any], *, max_texts: int, max_chars: int, max_dataset_texts: int,
+                 n_states: int | None = None, model_names: list[str] | None = None) -> None:
+    """Write this server's limits, view grammar and model names into its OpenAPI
+    schema (in place), so that a schema-valid request is not refused for them.
+
+    What no schema can say stays a 422: labels of another length than texts,
+    file contents that do not parse, ``dimensions`` other than the view's width.
+    """
+    fields = {"FeaturesRequest": ("texts", max_texts), "EmbeddingsRequest": ("input", max_texts),
+              "DatasetTexts": ("texts", max_dataset_texts)}
+    pattern = view_pattern(n_states)
+
+    def limit(prop: dict[str, Any], n: int) -> None:
         if prop.get("type") == "array":
             prop["maxItems"] = n
             prop.setdefault("items", {})["maxLength"] = max_chars
         elif prop.get("type") == "string":
             prop["maxLength"] = max_chars
         for sub in prop.get("anyOf", []):
-            limit_list(sub, n)
+            limit(sub, n)
 
-    for model, field, n in (("FeaturesRequest", "texts", max_texts), ("EmbeddingsRequest", "input", max_texts),
-                            ("DatasetTexts", "texts", max_dataset_texts)):
-        prop = comps.get(model, {}).get("properties", {}).get(field)
-        if prop is not None:
-            limit_list(prop, n)
+    def strings(prop: dict[str, Any]) -> list[dict[str, Any]]:
+        return [p for p in [prop, *prop.get("anyOf", [])] if p.get("type") == "string"]
+
+    def walk(node: Any) -> None:  # models appear in components and inline in request bodies
+        if isinstance(node, dict):
+            props = node.get("properties", {})
+            field = fields.get(node.get("title", ""))
+            if field is not None and field[0] in props:
+                limit(props[field[0]], field[1])
+            if node.get("title") in ("FeaturesRequest", "EmbeddingsRequest"):
+                for p in strings(props.get("view", {})):
+                    p["pattern"] = pattern if node["title"] == "FeaturesRequest" else \
+                        view_pattern(n_states, all_layers=False)
+                for p in strings(props.get("model", {})):
+                    if model_names:
+                        p["enum"] = model_names
+            if node.get("in") == "query" and node.get("name") == "view":
+                for p in strings(node.get("schema", {})):
+                    p["pattern"] = "^$|" + pattern  # "?view=" is the default view
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)

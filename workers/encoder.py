@@ -21,17 +21,27 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import torch
+
+# libgomp (torch's OpenMP) reads this once, when torch is first imported: threads
+# waiting at the end of a parallel region sleep instead of spinning. On cores
+# shared with other work, a spinning thread takes the CPU its partner needs to
+# finish: measured on 2 shared cores at load ~8, 2 threads ran 2.1x slower
+# than 1 with spinning and as fast as 1 with passive waits (bench/extract.py).
+# A user's own OMP_WAIT_POLICY wins; no effect if torch was imported first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 from cache.fingerprint import default_model_path, model_fingerprint
 from cache.keys import ExtractionConfig
 from cache.shard import POOLINGS, TokenRows
 
-from .precision import autocast_dtype, resolve_precision
+from .precision import autocast_dtype, precision_table, resolve_precision
 
 __all__ = ["Encoder", "Tokenized", "Encoded", "ModelLoadError", "pool_hidden_states", "set_threads"]
 
@@ -111,8 +121,21 @@ class Encoder:
                 "hidden_size": int(model.config.hidden_size), "n_params": int(n_params),
                 "n_bias_params": int(n_bias), "max_length": cfg.max_length,
                 "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
-                "storage_dtype": storage_dtype}
+                "precision_modes": precision_table(dev), "storage_dtype": storage_dtype}
         return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info)
+
+    def with_precision(self, precision: str) -> "Encoder":
+        """This encoder computing at another precision: same weights, same
+        tokenizer (only autocast changes), its own config and so its own keys.
+
+        ``self`` when the mode resolves to the current one. Raises
+        ValueError for an unknown mode or fp16 off CUDA.
+        """
+        resolved = resolve_precision(precision, self.device)
+        if resolved == self.config.precision:
+            return self
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, precision=resolved),
+                                   info={**self.info, "precision": resolved}, calls=0)
 
     # -- tokenizing -------------------------------------------------------
     def tokenize(self, texts: Sequence[str], want_offsets: bool = False) -> Tokenized:
@@ -241,5 +264,12 @@ def _model_max_length(model: Any, tok: Any) -> int:
 
 
 def set_threads(n: int | None) -> None:
-    """Pin torch's intra-op threads (the machine's cores by default)."""
-    torch.set_num_threads(n or os.cpu_count() or 1)
+    """Pin torch's intra-op threads (by default, the cores this process may run on)."""
+    torch.set_num_threads(n or _usable_cores())
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # honours taskset / cgroup cpusets
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -32,15 +32,24 @@ worker process).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .extract import ExtractSummary, extract
 
 if TYPE_CHECKING:
     from .worker import JobContext
 
-__all__ = ["JOB_KINDS", "KIND_MODULES", "register_kind", "JobError", "ENCODE_PRIORITY",
-           "URGENT_KINDS", "run_encode", "run_extract"]
+__all__ = [
+    "ENCODE_PRIORITY",
+    "JOB_KINDS",
+    "KIND_MODULES",
+    "URGENT_KINDS",
+    "JobError",
+    "register_kind",
+    "run_encode",
+    "run_extract",
+]
 
 ENCODE_PRIORITY = 100
 CPU_ENCODE_MAX_TOKENS = 512  # see encode_budget

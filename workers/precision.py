@@ -1,15 +1,29 @@
 """Precision modes: which dtype the encoder computes in.
 
 - ``fp32``: plain float32, the numbers a plain run gives. Default on CPU.
-- ``bf16``: bfloat16 autocast. Fast on GPUs and on CPUs with AMX or
-  AVX-512 BF16; about 3 significant digits, so stored vectors differ from
-  fp32 by ~1e-2 relative (see docs/precision.md).
+- ``bf16``: bfloat16 autocast: matrix products and attention in bfloat16,
+  the residual stream and layer norms in float32. Fast on GPUs and on CPUs
+  with AMX; on a CPU with AVX-512 BF16 alone it was measured *slower* than
+  fp32 (docs/precision.md). bfloat16 keeps ~3 significant digits, so stored
+  vectors differ from fp32 ones by about 1% (measured figures in the doc).
 - ``fp16``: float16 autocast, CUDA only.
-- ``auto``: bf16 on CUDA and on CPUs that report AMX or AVX-512 BF16, fp32
-  otherwise. ``default`` means fp32 on CPU and auto on CUDA.
+- ``auto``: bf16 on CUDA (fp16 on GPUs without bfloat16) and on CPUs that
+  report AMX or AVX-512 BF16, fp32 otherwise.
+- ``default``: fp32 on CPU, auto on CUDA.
 
-The resolved mode is part of the extraction config and so of every cache
-key: bf16 features never answer a request for fp32 ones.
+Pooling and the copy to the host run in float32 whatever the mode
+(``workers.encoder.pool_hidden_states``); rows are then stored at the storage
+dtype. The resolved mode is part of the extraction config and so of every
+cache key: bf16 features never answer a request for fp32 ones.
+
+Example::
+
+    >>> resolve_precision("auto", "cpu", cpu_flags={"avx2", "fma"})
+    'fp32'
+    >>> resolve_precision("auto", "cpu", cpu_flags={"avx512f", "avx512_bf16"})
+    'bf16'
+    >>> precision_table("cpu", cpu_flags=set())["fp16"] is None   # fp16 needs CUDA
+    True
 """
 
 from __future__ import annotations
@@ -18,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["resolve_precision", "autocast_dtype", "cpu_has_fast_bf16", "PRECISION_CHOICES"]
+__all__ = ["resolve_precision", "precision_table", "autocast_dtype", "cpu_has_fast_bf16",
+           "PRECISION_CHOICES"]
 
 PRECISION_CHOICES = ("default", "auto", "fp32", "bf16", "fp16")
 _FAST_BF16_FLAGS = {"amx_bf16", "avx512_bf16"}
@@ -41,7 +56,11 @@ def cpu_has_fast_bf16(flags: set[str] | None = None) -> bool:
 
 def resolve_precision(precision: str, device: torch.device | str,
                       cpu_flags: set[str] | None = None) -> str:
-    """Turn a requested mode into one of fp32, bf16, fp16 for this device."""
+    """Turn a requested mode into one of fp32, bf16, fp16 for this device.
+
+    ``cpu_flags`` stands in for /proc/cpuinfo's flags (tests simulate CPUs
+    with it). Raises ValueError for an unknown mode and for fp16 off CUDA.
+    """
     dev = torch.device(device)
     if precision not in PRECISION_CHOICES:
         raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {precision!r}")
@@ -56,5 +75,22 @@ def resolve_precision(precision: str, device: torch.device | str,
     return precision
 
 
+def precision_table(device: torch.device | str, cpu_flags: set[str] | None = None) -> dict[str, str | None]:
+    """What every requestable mode resolves to on this device (None: not available).
+
+    The worker publishes this with its model info, so that the API process
+    (which never imports torch) can turn a request's ``precision`` into the
+    extraction config, and so the cache key, without asking the worker.
+    """
+    table: dict[str, str | None] = {}
+    for mode in PRECISION_CHOICES:
+        try:
+            table[mode] = resolve_precision(mode, device, cpu_flags)
+        except ValueError:
+            table[mode] = None
+    return table
+
+
 def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a resolved mode; None for fp32 (no autocast)."""
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -59,8 +59,17 @@ from .encoder import Encoder
 from .extract import Stopped
 from .jobs_registry import ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobError, register_kind
 
-__all__ = ["Worker", "WorkerOptions", "JobContext", "JobError", "JOB_KINDS", "KIND_MODULES",
-           "register_kind", "ENCODE_PRIORITY", "URGENT_KINDS"]
+__all__ = [
+    "ENCODE_PRIORITY",
+    "JOB_KINDS",
+    "KIND_MODULES",
+    "URGENT_KINDS",
+    "JobContext",
+    "JobError",
+    "Worker",
+    "WorkerOptions",
+    "register_kind",
+]
 
 log = logging.getLogger("layerbank.worker")
 
@@ -81,7 +90,7 @@ class WorkerOptions:
 class JobContext:
     """What a handler sees: its job, the store, the encoder, and its controls."""
 
-    def __init__(self, worker: "Worker", job: Job) -> None:
+    def __init__(self, worker: Worker, job: Job) -> None:
         self.worker = worker
         self.job = job
         self.store = worker.store
@@ -204,7 +213,7 @@ class Worker:
                 raise JobError(f"this worker cannot run jobs of kind {job.kind!r}; "
                                f"it runs {sorted(JOB_KINDS)}")
             result = handler(ctx)
-        except BaseException as e:  # noqa: BLE001 - every outcome is recorded
+        except BaseException as e:
             beat_stop.set()
             if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: shutting down
                 self.stopping.set()

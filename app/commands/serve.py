@@ -31,7 +31,7 @@ from typing import Any
 from app.commands.common import add_common_flags, add_flag, fail, settings_from
 from app.commands.worker import add_backend_flags
 
-__all__ = ["register", "run", "is_loopback"]
+__all__ = ["is_loopback", "register", "run"]
 
 log = logging.getLogger("layerbank.serve")
 

@@ -22,12 +22,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from app.commands.common import add_common_flags, add_flag, settings_from
 from app.settings import Settings
 
-__all__ = ["register", "run", "WorkerSupervisor", "settings_env", "FATAL_EXIT"]
+__all__ = ["FATAL_EXIT", "WorkerSupervisor", "register", "run", "settings_env"]
 
 log = logging.getLogger("layerbank.serve")  # the supervisor runs in serve
 FATAL_EXIT = 3
@@ -152,7 +153,7 @@ class WorkerSupervisor:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="worker-supervisor", daemon=True)
 
-    def start(self) -> "WorkerSupervisor":
+    def start(self) -> WorkerSupervisor:
         self._thread.start()
         return self
 

@@ -4,10 +4,11 @@
 - JSON ``{"name", "texts", "labels"?}`` or ``{"name", "words", "tags"?}`` (a
   token task: each text is its words joined by single spaces, and the
   token-level states are stored), or
-- a multipart upload: field ``file`` (CSV, TSV, JSONL or TXT with column
-  names; CoNLL/JSON/JSONL word sets with ``task=token``) and optional form
-  fields ``name``, ``format``, ``text_column``, ``label_column``,
-  ``no_header``, ``task``, ``tag_column``.
+- a multipart upload: field ``file`` and optional form fields ``name``,
+  ``format``, ``text_column``, ``label_column``, ``no_header``,
+  ``tag_column``. Formats: ``csv``, ``tsv``, ``jsonl``, ``txt`` (texts, with
+  column names), and for token tasks ``conll``, ``words_json``,
+  ``words_jsonl`` (app/wordsets.py). Default: the file name's suffix.
 It answers 202 with the dataset (its ``id`` and extraction ``job_id``).
 
 ``GET /v1/datasets/{id}/features?view=&pooling=&format=npy`` streams the
@@ -22,8 +23,9 @@ from __future__ import annotations
 import io
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import PurePosixPath
-from typing import Any, Iterator
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
@@ -36,28 +38,36 @@ from starlette.datastructures import UploadFile
 from app.deps import AppState, get_state
 from app.errors import Conflict, InvalidInput, NotFound, Overloaded, TooLarge, UnsupportedMediaType
 from app.inputs import InputError, parse_texts
-from app.routes.features import check_texts, json_response
-from app.schemas import DatasetCreate, DatasetDeleted, DatasetList, DatasetOut, Pooling, error_responses
+from app.routes.features import check_texts, json_response, strict_view
+from app.schemas import (
+    DatasetDeleted,
+    DatasetList,
+    DatasetOut,
+    DatasetTexts,
+    DatasetWords,
+    error_responses,
+)
 from cache.datasets import Dataset
 from cache.keys import text_key
-from cache.views import parse_view
 from cache.words import join_words
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["datasets"])
 _CHUNK_ROWS = 1024
-_ERRORS = error_responses(401, 404, 409, 413, 415, 422, 429, 503)
-_UPLOAD_FORMATS = ("csv", "tsv", "jsonl", "txt", "conll", "json")
+_ERRORS = error_responses(400, 401, 404, 409, 413, 415, 422, 429, 503)
+_TEXT_FORMATS = ("csv", "tsv", "jsonl", "txt")
+_WORD_FORMATS = {"conll": "conll", "words_json": "json", "words_jsonl": "jsonl"}  # token tasks
+_UPLOAD_FORMATS = _TEXT_FORMATS + tuple(_WORD_FORMATS)
 
 _CREATE_BODY = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": DatasetCreate.model_json_schema()},
+    "application/json": {"schema": {"anyOf": [DatasetTexts.model_json_schema(),
+                                              DatasetWords.model_json_schema()]}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary"},
         "name": {"type": "string"}, "format": {"type": "string", "enum": list(_UPLOAD_FORMATS)},
         "text_column": {"type": "string"}, "label_column": {"type": "string"},
-        "no_header": {"type": "boolean"}, "task": {"type": "string", "enum": ["sentence", "token"]},
-        "tag_column": {"type": "integer"}}}}}}}
+        "no_header": {"type": "boolean"}, "tag_column": {"type": "integer"}}}}}}}
 
 
 def _public(state: AppState, ds: Dataset) -> dict[str, Any]:
@@ -81,19 +91,20 @@ async def _json_items(request: Request) -> dict[str, Any]:
     except RecursionError:
         raise InvalidInput("the body is not valid JSON here: it is nested too deeply",
                            field="body") from None
+    if not isinstance(raw, dict):
+        raise InvalidInput("the body must be a JSON object with name and texts (or words)", field="body")
+    if "words" in raw and "texts" in raw:
+        raise InvalidInput("give texts or words, not both", field="texts")
     try:
-        body = DatasetCreate.model_validate(raw)
+        if "words" in raw:  # a token task
+            w = DatasetWords.model_validate(raw)
+            return _word_items(w.name, w.words, w.tags, w.labels)
+        if "tags" in raw:
+            raise InvalidInput("tags need words (one tag per word)", field="tags")
+        t = DatasetTexts.model_validate(raw)
     except ValidationError as e:
         raise RequestValidationError(e.errors()) from None
-    if body.words is not None:
-        if body.texts is not None:
-            raise InvalidInput("give texts or words, not both", field="texts")
-        return _word_items(body.name, body.words, body.tags, body.labels)
-    if body.texts is None:
-        raise InvalidInput("texts: a dataset needs texts (or words for a token task)", field="texts")
-    if body.tags is not None:
-        raise InvalidInput("tags need words (one tag per word)", field="tags")
-    return {"name": body.name, "texts": body.texts, "labels": body.labels, "source": None}
+    return {"name": t.name, "texts": t.texts, "labels": t.labels, "source": None}
 
 
 def _word_items(name: str, words: list[list[str]], tags: list[list[str]] | None,
@@ -137,20 +148,21 @@ async def _upload_items(request: Request) -> dict[str, Any]:
     name = _form_str(form, "name") or PurePosixPath(source).stem or "upload"
     data = await upload.read()
     await form.close()
-    if _form_str(form, "task") == "token" or fmt == "conll":
+    if fmt in _WORD_FORMATS:
         from app.wordsets import WordSetError, parse_wordset
 
         try:
             col = int(_form_str(form, "tag_column") or 1)
             # parsing a large file takes seconds: off the event loop
-            sents = await run_in_threadpool(parse_wordset, data, fmt, tag_column=col, source=source)
+            sents = await run_in_threadpool(parse_wordset, data, _WORD_FORMATS[fmt], tag_column=col,
+                                            source=source)
         except (WordSetError, ValueError) as e:
             raise InvalidInput(f"file: {e}", field="file") from None
         return {**_word_items(name, [list(s.words) for s in sents], [list(s.tags) for s in sents],
                               None), "source": source}
     try:
         table = await run_in_threadpool(
-            parse_texts, data, "tsv" if fmt == "tsv" else fmt, text_column=_form_str(form, "text_column"),
+            parse_texts, data, fmt, text_column=_form_str(form, "text_column"),
                             label_column=_form_str(form, "label_column"),
                             header=(_form_str(form, "no_header") or "false").lower() not in ("1", "true", "yes", "on"))
     except InputError as e:
@@ -248,7 +260,8 @@ async def delete_dataset(dataset_id: str, state: AppState = Depends(get_state)) 
 @router.get("/datasets/{dataset_id}/features", responses={
     **_ERRORS, 200: {"content": {"application/x-npy": {}}, "description": "float32 .npy: [n, dim] or [n, H, d]"}},
     response_class=Response, summary="The dataset's feature matrix as .npy")
-async def dataset_features(dataset_id: str, view: str | None = None, pooling: Pooling | None = None,
+async def dataset_features(dataset_id: str, view: str | None = None,
+                           pooling: Literal["mean", "cls", "max", ""] | None = None,
                            format: str = Query("npy", pattern="^npy$", description="npy only"),
                            state: AppState = Depends(get_state)) -> Response:
     ds = _get(state, dataset_id)
@@ -263,8 +276,8 @@ async def dataset_features(dataset_id: str, view: str | None = None, pooling: Po
     if info is None:
         raise Conflict(f"dataset {dataset_id} was extracted with a model this store does not know")
     h, d = int(info["n_hidden_states"]), int(info["hidden_size"])
-    v = parse_view(view or state.settings.default_view)
-    width = v.output_dim(h, d)  # ViewError -> 422
+    v = strict_view(view or state.settings.default_view, h)  # "?view=" means the default too
+    width = v.output_dim(h, d)
     pooling = pooling or state.settings.default_pooling
     texts = (await run_in_threadpool(state.datasets.items, dataset_id)).texts
     keys = [text_key(fp, ds.config, t) for t in texts]

@@ -25,8 +25,15 @@ from fastapi.responses import Response
 
 from app.deps import AppState, get_state
 from app.errors import InvalidInput
-from app.routes.features import (ERROR_RESPONSES, check_texts, compute_features, encode_rows,
-                                 json_response, require_json, resolve_request)
+from app.routes.features import (
+    ERROR_RESPONSES,
+    check_texts,
+    compute_features,
+    encode_rows,
+    json_response,
+    require_json,
+    resolve_request,
+)
 from app.schemas import EmbeddingsRequest, EmbeddingsResponse
 
 __all__ = ["router"]
@@ -41,7 +48,7 @@ async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state
     if not texts:
         raise InvalidInput("input: give a text or a non-empty list of texts", field="input")
     check_texts(texts, state, field="input")
-    view = req.view or state.settings.default_view
+    view = state.settings.default_view if req.view is None else req.view
     if view == "all_layers":
         raise InvalidInput("input: /v1/embeddings returns one vector per text; use /v1/features "
                            "for all_layers", field="view")

@@ -16,9 +16,12 @@ Example::
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
@@ -27,13 +30,21 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import AppState, ModelRef, get_state
 from app.errors import ExtractionFailed, InvalidInput, TooLarge, UnsupportedMediaType
-from app.schemas import FeaturesRequest, FeaturesResponse, error_responses
+from app.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
 from cache.keys import text_key
 from cache.store import ReadResult
-from cache.views import View, parse_view
+from cache.views import View, ViewError, parse_view
 
-__all__ = ["router", "compute_features", "FeatureResult", "check_texts", "require_json",
-           "ERROR_RESPONSES", "encode_rows", "json_response"]
+__all__ = [
+    "ERROR_RESPONSES",
+    "FeatureResult",
+    "check_texts",
+    "compute_features",
+    "encode_rows",
+    "json_response",
+    "require_json",
+    "router",
+]
 
 ERROR_RESPONSES = error_responses(401, 413, 415, 422, 429, 500, 503, 504)
 
@@ -99,9 +110,25 @@ def resolve_request(state: AppState, view_spec: str | None, model: str | None) -
     if not m.accepts(model):
         raise InvalidInput(f"model {model!r} is not served here; this server serves {m.name!r} "
                            f"(fingerprint {m.fingerprint})", field="model")
-    view = parse_view(view_spec or state.settings.default_view)
-    view.needed_layers(m.n_hidden_states)  # ViewError -> 422 naming the layers that exist
+    view = strict_view(state.settings.default_view if view_spec is None else view_spec, m.n_hidden_states)
     return m, view
+
+
+@functools.lru_cache(maxsize=64)
+def _view_re(n_states: int) -> re.Pattern[str]:
+    return re.compile(view_pattern(n_states), re.ASCII)
+
+
+def strict_view(spec: str, n_states: int) -> View:
+    """Parse a view and check it against the model, holding it to the exact
+    grammar the OpenAPI schema states (no spaces, plain decimal numbers)."""
+    view = parse_view(spec)
+    view.needed_layers(n_states)  # ViewError -> 422 naming the layers that exist
+    if not _view_re(n_states).fullmatch(spec):
+        raise ViewError(f"view {spec!r} is not written as the grammar says: layer:K, layers:I,J,..., "
+                        "concat_last_4, sum_last_4, mean_all, weighted:W0,...,WL or all_layers, "
+                        "without spaces, numbers in plain decimal")
+    return view
 
 
 async def compute_features(state: AppState, texts: list[str], view_spec: str | None,

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response, StreamingResponse
@@ -33,7 +34,7 @@ from app.routes.features import json_response
 from app.schemas import JobList, JobOut, error_responses
 from cache.jobs import JOB_STATES, Job
 
-__all__ = ["router", "job_out"]
+__all__ = ["job_out", "router"]
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 _ERRORS = error_responses(401, 404, 409, 422)

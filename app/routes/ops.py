@@ -23,7 +23,7 @@ from app.schemas import HealthOut, InfoOut, ReadyOut, error_responses
 from cache.shard import POOLINGS
 from cache.views import NAMED_VIEWS
 
-__all__ = ["router", "VERSION"]
+__all__ = ["VERSION", "router"]
 
 router = APIRouter(tags=["operations"])
 

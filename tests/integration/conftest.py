@@ -39,8 +39,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -83,7 +84,7 @@ class ServerProcess:
             env["LAYERBANK_API_KEY"] = self.api_key
         return env
 
-    def start(self, timeout: float = 180.0) -> "ServerProcess":
+    def start(self, timeout: float = 180.0) -> ServerProcess:
         info = self.data_dir / "server.json"
         info.unlink(missing_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +156,7 @@ class ServerProcess:
         if worker is not None:
             _wait_gone(worker, 30.0)
 
-    def restart(self, kill: bool = False) -> "ServerProcess":
+    def restart(self, kill: bool = False) -> ServerProcess:
         self.kill() if kill else self.stop()
         return self.start()
 

@@ -57,8 +57,8 @@ def phrases(n: int, offset: int) -> list[str]:
         with open(DATA / "sst2" / "train.tsv", encoding="utf-8") as fh:
             next(fh)
             for line in fh:
-                text = line.rstrip("\n").split("\t")[0]
-                if len(text.split()) >= 3 and text.strip() == text:
+                text = line.rstrip("\n").split("\t")[0].strip()
+                if len(text.split()) >= 3:
                     seen.add(text)
         rows = sorted(seen)
         random.Random(7).shuffle(rows)

@@ -105,3 +105,22 @@ def test_openapi_documents_the_error_shape(tiny_api_factory) -> None:  # type: i
     upload = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]
     assert set(upload) == {"application/json", "multipart/form-data"}
     assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
+def test_views_are_held_to_the_grammar_the_schema_states(tiny_api) -> None:  # type: ignore[no-untyped-def]
+    c = tiny_api.client
+    import re
+
+    spec = c.get("/openapi.json").json()
+    pattern = spec["components"]["schemas"]["FeaturesRequest"]["properties"]["view"]["anyOf"][0]["pattern"]
+    model = spec["components"]["schemas"]["FeaturesRequest"]["properties"]["model"]["anyOf"][0]["enum"]
+    assert tiny_api.worker.encoder.fingerprint in model
+    for view, ok in [("layer:-3", True), ("layers:0,2", True), ("weighted:1,0.5,.25", True),
+                     ("layer:3", False), (" layer:-1", False), ("layer:01", False), ("", False),
+                     ("weighted:1_0,1,1", False), ("concat_last_4", False)]:
+        r = c.post("/v1/features", json={"texts": ["grammar"], "view": view})
+        assert (r.status_code == 200) is ok, (view, r.text)
+        assert bool(re.fullmatch(pattern, view)) is ok, view
+        if not ok:
+            assert r.json()["field"] == "view"
+    assert c.post("/v1/features", json={"texts": ["grammar"], "model": ""}).status_code == 422

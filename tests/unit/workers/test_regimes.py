@@ -236,6 +236,7 @@ def test_out_dir_inside_the_model_directory_is_refused(tiny_model_dir: str) -> N
         run_regimes(texts, labels, model_path=tiny_model_dir, out_dir=Path(tiny_model_dir) / "heads")
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # gc.get_objects() meets deprecated torch names
 def test_cancel_stops_training_and_frees_the_model(tiny_model_dir: str) -> None:
     texts, labels = _texts(120)
     models: list[weakref.ref[SequenceClassifier]] = []

@@ -1,0 +1,183 @@
+"""Helpers shared by the extraction benchmarks (bench/extract.py, bench/precision.py).
+
+The machine these run on is usually shared, so every figure is taken as the
+best of several runs that alternate between the things compared (A B C A B C
+...), and ratios are taken between the best runs. ``Timer`` sums the wall
+time of named stages across calls (tokenize, forward, write) by wrapping
+methods, so the benchmark needs no hooks in the code it measures.
+
+Example::
+
+    texts, labels = read_tsv(AGNEWS, 1000)
+    best = alternate({"a": run_a, "b": run_b}, rounds=3)   # name -> best result
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SHARED = ROOT.parent / "shared" / "data"
+AGNEWS = SHARED / "agnews" / "dev.tsv"
+SST2_TEST = SHARED / "sst2" / "test.tsv"
+
+__all__ = ["ROOT", "AGNEWS", "SST2_TEST", "read_tsv", "alternate", "Timer", "environment",
+           "write_json", "bert_flops_per_text", "matmul_flops_per_second", "load_model_path"]
+
+
+def read_tsv(path: str | os.PathLike[str], n: int | None = None, header: bool = False,
+             skip: int = 0) -> tuple[list[str], list[str]]:
+    """``text<TAB>label`` rows (unquoted TSV), the first ``n`` after ``skip``."""
+    texts: list[str] = []
+    labels: list[str] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        if header:
+            next(rows)
+        for i, row in enumerate(rows):
+            if i < skip:
+                continue
+            if n is not None and len(texts) >= n:
+                break
+            texts.append(row[0])
+            labels.append(row[1] if len(row) > 1 else "")
+    return texts, labels
+
+
+def load_model_path(arg: str | None) -> str:
+    """The model directory: ``arg`` if given, else the bundled all-MiniLM-L6-v2."""
+    if arg:
+        return arg
+    from cache.fingerprint import default_model_path
+
+    return str(default_model_path())
+
+
+def alternate(runs: dict[str, Callable[[], dict[str, float]]], rounds: int,
+              key: str = "tokens_per_second", log: Callable[[str], None] = print
+              ) -> dict[str, dict[str, Any]]:
+    """Run each entry once per round, in turn; keep each one's best round by ``key``.
+
+    Returns name -> the best run's dict, plus ``all``: every round's ``key``.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for r in range(rounds):
+        for name, fn in runs.items():
+            res = fn()
+            log(f"  round {r + 1}  {name:<28} {res[key]:>10,.0f} {key}  ({res.get('seconds', 0):.1f} s)")
+            prev = best.get(name)
+            seen = (prev or {}).get("all", []) + [res[key]]
+            if prev is None or res[key] > prev[key]:
+                best[name] = dict(res)
+            best[name]["all"] = seen
+    return best
+
+
+class Timer:
+    """Wall seconds per stage, summed over calls of wrapped methods.
+
+    ``timer.wrap(obj, "encode", "forward")`` replaces ``obj.encode`` (on the
+    instance only) by a timed call; ``timer.seconds["forward"]`` adds up.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, obj: Any, method: str, stage: str) -> None:
+        real = getattr(obj, method)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+
+        setattr(obj, method, timed)
+
+    def unwrap(self, obj: Any, method: str) -> None:
+        obj.__dict__.pop(method, None)
+
+
+def environment() -> dict[str, Any]:
+    """What the figures depend on: versions, threads, load."""
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> None:
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+
+
+def bert_flops_per_text(n_tokens: int, hidden: int, intermediate: int, layers: int) -> float:
+    """Multiply-adds x 2 of one BERT forward over ``n_tokens`` real tokens.
+
+    Per layer and token: Q, K, V and output projections (4 d^2), the two
+    feed-forward matrices (2 d d_ff), and attention scores and weighted sum
+    (2 t d, t the text's own length). Embedding lookups, layer norms, GELU
+    and softmax are left out: they are not matrix work.
+    """
+    per_token = 4 * hidden * hidden + 2 * hidden * intermediate + 2 * n_tokens * hidden
+    return 2.0 * layers * n_tokens * per_token
+
+
+def matmul_flops_per_second(hidden: int, intermediate: int, tokens: int = 2048,
+                            device: str = "cpu", dtype: Any = None, repeats: int = 5) -> float:
+    """Best FLOP/s of the model's own matrix shapes: [tokens, d] x [d, d_ff],
+    [tokens, d_ff] x [d_ff, d] and [tokens, d] x [d, d] (one layer's linear
+    work, in the same proportions), timed here and now."""
+    import torch
+
+    dtype = dtype or torch.float32
+    dev = torch.device(device)
+    x = torch.randn(tokens, hidden, device=dev, dtype=dtype)
+    h = torch.randn(tokens, intermediate, device=dev, dtype=dtype)
+    w_up = torch.randn(hidden, intermediate, device=dev, dtype=dtype)
+    w_down = torch.randn(intermediate, hidden, device=dev, dtype=dtype)
+    w_sq = torch.randn(hidden, hidden, device=dev, dtype=dtype)
+    flops = 2.0 * tokens * (2 * hidden * intermediate + 4 * hidden * hidden)
+
+    def once() -> None:
+        x @ w_up
+        h @ w_down
+        for _ in range(4):
+            x @ w_sq
+
+    best = float("inf")
+    with torch.inference_mode():
+        once()
+        for _ in range(repeats):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            once()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+    return flops / best

@@ -1,0 +1,266 @@
+"""Extraction throughput against its peers (issue 2), same texts, same process.
+
+On the first N AG News texts (1,000 by default), real (non-padding) tokens
+per second of:
+
+(a) ``layerbank``: ``workers.extract.extract`` into a fresh ``FeatureStore``
+    in a temp dir: every hidden state, mean/cls/max pooled, written to HDF5
+    and committed (tokenizing, hashing keys and the catalog included);
+(b) ``hf-loop``: a plain ``transformers.AutoModel`` loop, batches of 32 in
+    file order, ``output_hidden_states=True``, mask-aware mean pooling of
+    every hidden state, copied to the host;
+(c) ``sentence-transformers``: ``SentenceTransformer(model_dir).encode(...,
+    output_value="token_embeddings")`` (batch 32), the same model directory.
+
+Targets: (a)/(b) >= 1.7 and (a)/(c) >= 1.1. The runs alternate (a b c a b c
+...) and each keeps its best round, because the machine is shared. Also
+printed: the fraction of the compute bound (real tokens x matrix FLOPs per
+text, against the FLOP/s of a matrix product of the model's own shapes timed
+in the same run), where the time of (a) goes (tokenize / forward+pool /
+HDF5 write / rest), bytes stored per text, cached reads per second against
+extraction per second, and the peak resident memory of a separate process
+extracting 10,000 texts (target < 1.5 GiB; ``ru_maxrss``).
+
+Run from the repository root::
+
+    .venv/bin/python bench/extract.py                       # ~10 min on 2 busy cores
+    .venv/bin/python bench/extract.py --rss-texts 0 --rounds 2
+    python3 bench/extract.py --device cuda --precision fp32,bf16,fp16 --no-st \\
+        --data bench/data/agnews_dev.tsv --model bench/data/minilm      # on a GPU
+
+Writes bench/out/extract.json (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (AGNEWS, ROOT, Timer, alternate, bert_flops_per_text, environment,  # noqa: E402
+                    load_model_path, matmul_flops_per_second, read_tsv, write_json)
+
+from cache.store import FeatureStore  # noqa: E402
+from workers.encoder import Encoder, set_threads  # noqa: E402  (sets OMP_WAIT_POLICY first)
+from workers.extract import extract  # noqa: E402
+from workers.precision import autocast_dtype  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def layerbank_run(texts: list[str], enc: Encoder, real_tokens: int, max_tokens: int | None
+                  ) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        timer = Timer()
+        with tempfile.TemporaryDirectory() as d:
+            store = FeatureStore(d)
+            timer.wrap(enc, "tokenize", "tokenize")
+            timer.wrap(enc, "encode", "forward_pool")
+            timer.wrap(store, "write", "hdf5_write")
+            kw = {} if max_tokens is None else {"max_tokens": max_tokens}
+            t0 = time.perf_counter()
+            s = extract(texts, store, enc, job_id="bench", **kw)
+            dt = time.perf_counter() - t0
+            timer.unwrap(enc, "tokenize")
+            timer.unwrap(enc, "encode")
+            # cached reads of the same rows: every hidden state, mean pooling, as float32
+            reads = []
+            for _ in range(3):
+                r0 = time.perf_counter()
+                res = store.read_pooled(s.keys, "mean")
+                reads.append(time.perf_counter() - r0)
+            assert res.found.all() and s.tokens_encoded == real_tokens, (s, real_tokens)
+            store.close()
+        out: dict[str, Any] = {"tokens_per_second": real_tokens / dt, "seconds": dt,
+                               "texts_per_second": len(texts) / dt,
+                               "cached_reads_per_second": len(texts) / min(reads),
+                               "bytes_per_text": s.bytes_written / len(texts)}
+        out.update({f"share_{k}": v / dt for k, v in timer.seconds.items()})
+        out["share_rest"] = 1.0 - sum(timer.seconds.values()) / dt
+        return out
+    return run
+
+
+def hf_loop_run(texts: list[str], model: Any, tok: Any, device: torch.device, precision: str,
+                real_tokens: int, max_length: int) -> Callable[[], dict[str, Any]]:
+    dtype = autocast_dtype(precision)
+
+    @torch.inference_mode()
+    def run() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        for i in range(0, len(texts), 32):
+            b = tok(texts[i:i + 32], padding=True, truncation=True, max_length=max_length,
+                    return_tensors="pt").to(device)
+            if dtype is None:
+                out = model(**b, output_hidden_states=True)
+            else:
+                with torch.autocast(device.type, dtype=dtype):
+                    out = model(**b, output_hidden_states=True)
+            m = b["attention_mask"][:, :, None].float()
+            pooled = torch.stack([(h.float() * m).sum(1) / m.sum(1) for h in out.hidden_states], 1)
+            pooled.cpu()
+        dt = time.perf_counter() - t0
+        return {"tokens_per_second": real_tokens / dt, "seconds": dt}
+    return run
+
+
+def st_run(texts: list[str], model_dir: str, device: torch.device, real_tokens: int
+           ) -> Callable[[], dict[str, Any]]:
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(model_dir, device=str(device))
+
+    def run() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        out = st.encode(texts, output_value="token_embeddings", batch_size=32)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        got = sum(int(o.shape[0]) for o in out)
+        return {"tokens_per_second": real_tokens / dt, "seconds": dt, "tokens_returned": got}
+    return run
+
+
+def rss_child(args: argparse.Namespace) -> None:
+    """Extract ``--n`` texts in this fresh process; print peak RSS as JSON."""
+    set_threads(args.threads)
+    texts, _ = read_tsv(args.data, args.n)
+    enc = Encoder.load(load_model_path(args.model), device=args.device,
+                       precision=args.precision.split(",")[0])
+    with tempfile.TemporaryDirectory() as d:
+        store = FeatureStore(d)
+        t0 = time.perf_counter()
+        s = extract(texts, store, enc, job_id="rss")
+        dt = time.perf_counter() - t0
+        store.close()
+    print(json.dumps({"texts": len(texts), "tokens": s.tokens_encoded, "seconds": dt,
+                      "bytes_written": s.bytes_written, "shards": s.shards_written,
+                      "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(AGNEWS), help="TSV of text<TAB>label, no header")
+    p.add_argument("--model", help="model directory (default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--n", type=int, default=1000, help="texts (the first N of the file)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32", help="comma-separated: fp32,bf16,fp16")
+    p.add_argument("--threads", type=int, help="torch threads (default: all usable cores)")
+    p.add_argument("--max-tokens", type=int, help="token budget per batch (default: extract's)")
+    p.add_argument("--rss-texts", type=int, default=10_000, help="texts for the memory run; 0: skip")
+    p.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
+    p.add_argument("--json", default=str(ROOT / "bench" / "out" / "extract.json"))
+    p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rss_child:
+        return rss_child(args)
+
+    set_threads(args.threads)
+    model_dir = load_model_path(args.model)
+    device = torch.device(args.device)
+    precisions = args.precision.split(",")
+    texts, _ = read_tsv(args.data, args.n)
+    encoders = {prec: Encoder.load(model_dir, device=args.device, precision=prec) for prec in precisions}
+    enc0 = encoders[precisions[0]]
+    lengths = enc0.tokenize(texts).lengths
+    real = int(sum(lengths))
+    cfg = enc0.model.config
+    print(f"{len(texts)} texts from {args.data}, {real:,} real tokens (mean {real / len(texts):.1f}, "
+          f"max {max(lengths)}); model {model_dir}")
+    print("environment:", environment())
+
+    from transformers import AutoModel, AutoTokenizer
+
+    hf_kw: dict[str, Any] = {"attn_implementation": "sdpa"} if device.type == "cuda" else {}
+    hf_model = AutoModel.from_pretrained(model_dir, **hf_kw).eval().to(device)
+    hf_tok = AutoTokenizer.from_pretrained(model_dir)
+    runs: dict[str, Callable[[], dict[str, Any]]] = {}
+    for prec, enc in encoders.items():
+        runs[f"layerbank {prec}"] = layerbank_run(texts, enc, real, args.max_tokens)
+        runs[f"hf-loop {prec}"] = hf_loop_run(texts, hf_model, hf_tok, device, prec, real,
+                                              int(enc0.config.max_length or 512))
+    if not args.no_st:
+        runs["sentence-transformers fp32"] = st_run(texts, model_dir, device, real)
+
+    # the compute bound, measured now: before the runs and after, best kept
+    d, dff, n_layers = int(cfg.hidden_size), int(cfg.intermediate_size), int(cfg.num_hidden_layers)
+    flops = sum(bert_flops_per_text(t, d, dff, n_layers) for t in lengths)
+    peak: dict[str, float] = {}
+
+    def measure_peak() -> None:
+        for prec in precisions:
+            dt = autocast_dtype(prec) or torch.float32
+            f = matmul_flops_per_second(d, dff, device=args.device, dtype=dt)
+            peak[prec] = max(peak.get(prec, 0.0), f)
+
+    measure_peak()
+    print(f"\nalternating runs, best of {args.rounds}:")
+    best = alternate(runs, args.rounds)
+    measure_peak()
+
+    print("\nresults (real tokens per second, best round):")
+    for name, r in best.items():
+        prec = name.rsplit(" ", 1)[1]
+        bound = real / (flops / peak[prec])
+        r["compute_bound_fraction"] = r["tokens_per_second"] / bound
+        print(f"  {name:<28} {r['tokens_per_second']:>10,.0f} tok/s   "
+              f"{r['compute_bound_fraction']:.0%} of the {prec} matmul bound ({bound:,.0f} tok/s)")
+    ratios: dict[str, float] = {}
+    for prec in precisions:
+        a = best[f"layerbank {prec}"]["tokens_per_second"]
+        ratios[f"layerbank/hf-loop {prec}"] = a / best[f"hf-loop {prec}"]["tokens_per_second"]
+        if not args.no_st and prec == "fp32":
+            ratios["layerbank/sentence-transformers fp32"] = (
+                a / best["sentence-transformers fp32"]["tokens_per_second"])
+    if len(precisions) > 1:
+        base = best[f"layerbank {precisions[0]}"]["tokens_per_second"]
+        for prec in precisions[1:]:
+            ratios[f"layerbank {prec}/{precisions[0]}"] = best[f"layerbank {prec}"]["tokens_per_second"] / base
+    print("\nratios (targets: layerbank/hf-loop >= 1.7, layerbank/sentence-transformers >= 1.1):")
+    for k, v in ratios.items():
+        print(f"  {k:<40} {v:.2f}")
+    a = best[f"layerbank {precisions[0]}"]
+    print(f"\nlayerbank {precisions[0]}: where the time goes: " + ", ".join(
+        f"{k[6:]} {v:.0%}" for k, v in a.items() if k.startswith("share_")))
+    print(f"bytes stored per text: {a['bytes_per_text']:,.0f} "
+          f"({enc0.config.storage_dtype}, 3 poolings x {n_layers + 1} hidden states x {d})")
+    print(f"cached reads: {a['cached_reads_per_second']:,.0f} texts/s (all hidden states, mean) vs "
+          f"extraction {a['texts_per_second']:,.1f} texts/s: "
+          f"{a['cached_reads_per_second'] / a['texts_per_second']:,.0f}x")
+
+    rss: dict[str, Any] | None = None
+    if args.rss_texts:
+        cmd = [sys.executable, __file__, "--rss-child", "--n", str(args.rss_texts), "--data", args.data,
+               "--device", args.device, "--precision", precisions[0]]
+        if args.model:
+            cmd += ["--model", args.model]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        print(f"\npeak memory: extracting {args.rss_texts:,} texts in a fresh process ...", flush=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            print(out.stderr[-3000:])
+            raise SystemExit("the memory run failed")
+        rss = json.loads(out.stdout.strip().splitlines()[-1])
+        gib = rss["ru_maxrss_bytes"] / 2**30
+        print(f"  peak RSS {gib:.2f} GiB (target < 1.5 GiB) for {rss['texts']:,} texts, "
+              f"{rss['tokens']:,} tokens in {rss['seconds']:.0f} s "
+              f"({rss['tokens'] / rss['seconds']:,.0f} tok/s), {rss['shards']} shards")
+    write_json(args.json, {"texts": len(texts), "real_tokens": real, "environment": environment(),
+                           "flops": flops, "matmul_flops_per_second": peak, "best": best,
+                           "ratios": ratios, "rss": rss, "data": args.data, "model": model_dir,
+                           "lengths_mean": float(np.mean(lengths))})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Disk full while writing a shard.
+
+Two ways to run out of room, both real:
+
+- a file-size limit (``RLIMIT_FSIZE``, what ``ulimit -f`` sets) in a child
+  process that writes a shard through ``FeatureStore.write``; needs no
+  privileges, runs everywhere;
+- a small ext4 filesystem mounted (loop device) under a running server's
+  ``shards/`` directory and filled up; needs root and ``mount``, skipped
+  otherwise (and reported as a skip, not a pass).
+
+Either way the write fails with a message that says what happened and what to
+do, the catalog is unchanged, no temporary file is left behind, and once room
+is made the same work succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.client import JobFailed
+from cache.catalog import Catalog
+from tests.integration.conftest import ROOT, ServerProcess
+
+from .conftest import phrases
+
+pytestmark = [pytest.mark.reliability]
+
+_CHILD = r"""
+import json, resource, signal, sys
+import numpy as np
+from cache.keys import ExtractionConfig
+from cache.shard import ShardContents
+from cache.store import FeatureStore
+
+data_dir, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not a killed process
+store = FeatureStore(data_dir)
+n = 2000
+rng = np.random.default_rng(0)
+contents = ShardContents([f"{i:064x}" for i in range(n)], np.full(n, 5), np.zeros(n, bool),
+                         {p: rng.standard_normal((n, 7, 64)).astype(np.float32) for p in ("mean", "cls", "max")})
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+try:
+    n_bytes = store.write("job-00000", contents, model="m", config=ExtractionConfig(max_length=16))
+    print(json.dumps({"ok": n_bytes}))
+except OSError as e:
+    print(json.dumps({"error": str(e), "type": type(e).__name__, "errno": e.errno}))
+"""
+
+
+def _write_in_child(data_dir: Path, limit: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(data_dir), str(limit)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr  # no crash: a clean, reported failure
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+def test_file_size_limit_fails_the_write_cleanly_and_a_retry_succeeds(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    out = _write_in_child(data, 256 * 1024)
+    assert out["type"] == "ShardWriteError" and out["errno"] == 27  # EFBIG
+    assert out["error"].startswith("file too large while writing shard job-00000.h5: it needs about ")
+    assert "at most 256.0 KiB (ulimit -f)" in out["error"]
+    cat = Catalog(data / "catalog.sqlite")
+    assert cat.stats() == {"keys": 0, "shards": 0, "bytes": 0}
+    assert os.listdir(data / "shards") == []
+    # room again (no limit): the same write succeeds and is committed
+    out = _write_in_child(data, 0)
+    assert out["ok"] > 256 * 1024
+    assert cat.stats()["keys"] == 2000 and cat.shard_names() == {"job-00000.h5"}
+    cat.close()
+
+
+def _can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None and shutil.which("mkfs.ext4") is not None
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """An 8 MiB ext4 filesystem mounted at ``tmp_path/data/shards``."""
+    if not _can_mount():
+        pytest.skip("needs root, mount and mkfs.ext4 for a loop-mounted filesystem")
+    img, mnt = tmp_path / "disk.img", tmp_path / "data" / "shards"
+    mnt.mkdir(parents=True)
+    with open(img, "wb") as fh:
+        fh.truncate(8 * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-m", "0", str(img)], check=True, timeout=60)
+    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"cannot loop-mount here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], timeout=60)
+
+
+def _fill(mnt: Path, leave: int) -> Path:
+    """Write a filler file until ``leave`` bytes are free."""
+    filler = mnt / "filler"
+    free = shutil.disk_usage(mnt).free
+    with open(filler, "wb") as fh:
+        fh.write(b"\0" * max(0, free - leave))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return filler
+
+
+@pytest.mark.timeout(240)
+def test_full_disk_fails_the_job_clearly_and_a_retry_succeeds(
+        small_disk: Path, tiny_model_dir: str) -> None:
+    server = ServerProcess(small_disk.parent, {"model": tiny_model_dir, "part_size": 4096,
+                                               "heartbeat_seconds": 1})
+    try:
+        server.start()
+        filler = _fill(small_disk, 200 * 1024)
+        texts = phrases(2000, 35000)  # one ~1.2 MB shard: does not fit in 200 KiB
+        lb = server.client()
+        ds = server.post("/v1/datasets", json={"name": "too-big", "texts": texts})
+        assert ds.status_code == 202, ds.text
+        with pytest.raises(JobFailed) as failed:
+            lb.wait(ds.json(), timeout=120)
+        job = failed.value.job
+        assert job["state"] == "failed"
+        assert job["error"].startswith("ShardWriteError: no space left on device while writing "
+                                       f"shard {job['id']}-00000.h5: it needs about ")
+        assert "free some space and run the job again" in job["error"]
+        cat = Catalog(small_disk.parent / "catalog.sqlite")
+        assert cat.stats()["keys"] == 0
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "lost+found"]
+        # the same for a request's misses: a clear error, not wrong or partial data
+        r = server.post("/v1/features", json={"texts": texts[:64]})
+        assert r.status_code == 500 and r.json()["type"] == "extraction_failed"
+        assert "no space left on device while writing shard" in r.json()["error"]
+        assert server.get("/health").status_code == 200
+
+        filler.unlink()  # room again: the same upload now succeeds
+        ds = server.post("/v1/datasets", json={"name": "retry", "texts": texts})
+        job = lb.wait(ds.json(), timeout=120)
+        assert job["state"] == "succeeded", job
+        assert job["result"]["texts_encoded"] == 2000
+        assert cat.stats()["keys"] == 2000
+        deadline = time.monotonic() + 30
+        while server.get(f"/v1/datasets/{ds.json()['id']}/features").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        cat.close()
+    finally:
+        server.stop()
