@@ -150,7 +150,7 @@ class DatasetTexts(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Name = Field(min_length=1, max_length=200)
     texts: list[Text] = Field(min_length=1, description="the items' texts")
-    labels: list[Label] = Field(None, description="one per text, stored as text")  # type: ignore[assignment]
+    labels: list[Label] | None = Field(None, description="one per text, stored as text")
 
 
 class DatasetWords(BaseModel):
@@ -159,8 +159,8 @@ class DatasetWords(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Name = Field(min_length=1, max_length=200)
     words: list[Annotated[list[Word], Field(min_length=1)]] = Field(min_length=1)
-    tags: list[list[str]] = Field(None, description="one tag per word")  # type: ignore[assignment]
-    labels: list[Label] = Field(None, description="one per item, stored as text")  # type: ignore[assignment]
+    tags: list[list[str]] | None = Field(None, description="one tag per word")
+    labels: list[Label] | None = Field(None, description="one per item, stored as text")
 
 
 DatasetCreate = DatasetTexts | DatasetWords

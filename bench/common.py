@@ -27,12 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: the models are local
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
 SHARED = ROOT.parent / "shared" / "data"
 AGNEWS = SHARED / "agnews" / "dev.tsv"
 SST2_TEST = SHARED / "sst2" / "test.tsv"
 
 __all__ = ["ROOT", "AGNEWS", "SST2_TEST", "read_tsv", "alternate", "Timer", "environment",
-           "write_json", "bert_flops_per_text", "matmul_flops_per_second", "load_model_path"]
+           "write_json", "bert_flops_per_text", "matmul_flops_per_second", "load_model_path",
+           "quiet_transformers", "time_extraction"]
 
 
 def read_tsv(path: str | os.PathLike[str], n: int | None = None, header: bool = False,
@@ -61,6 +65,64 @@ def load_model_path(arg: str | None) -> str:
     from cache.fingerprint import default_model_path
 
     return str(default_model_path())
+
+
+def quiet_transformers() -> None:
+    """No weight-loading progress bars: they would run into the printed figures."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def time_extraction(texts: list[str], enc: Any, real_tokens: int, max_tokens: int | None = None,
+                    keep: dict[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
+    """A run of ``workers.extract.extract`` into a fresh store in a temp dir.
+
+    Returns tokens/s (real tokens), texts/s, bytes per text, cached reads
+    per second (every hidden state, mean pooling, read back three times,
+    best kept) and the share of wall time in tokenize / forward_pool /
+    hdf5_write / rest. ``keep``: if given, ``keep["rows"]`` gets the stored
+    rows of every pooling, as read back (float32 from the storage dtype).
+    """
+    import tempfile
+
+    from cache.shard import POOLINGS
+    from cache.store import FeatureStore
+    from workers.extract import extract
+
+    def run() -> dict[str, Any]:
+        timer = Timer()
+        with tempfile.TemporaryDirectory() as d:
+            store = FeatureStore(d)
+            timer.wrap(enc, "tokenize", "tokenize")
+            timer.wrap(enc, "encode", "forward_pool")
+            timer.wrap(store, "write", "hdf5_write")
+            kw = {} if max_tokens is None else {"max_tokens": max_tokens}
+            try:
+                t0 = time.perf_counter()
+                s = extract(texts, store, enc, job_id="bench", **kw)
+                dt = time.perf_counter() - t0
+            finally:
+                timer.unwrap(enc, "tokenize")
+                timer.unwrap(enc, "encode")
+            reads = []
+            for _ in range(3):
+                r0 = time.perf_counter()
+                res = store.read_pooled(s.keys, "mean")
+                reads.append(time.perf_counter() - r0)
+            if not res.found.all() or s.tokens_encoded != real_tokens:
+                raise RuntimeError(f"extraction stored {s.tokens_encoded} tokens, expected {real_tokens}")
+            if keep is not None:
+                keep["rows"] = {p: store.read_pooled(s.keys, p).data for p in POOLINGS}
+            store.close()
+        out: dict[str, Any] = {"tokens_per_second": real_tokens / dt, "seconds": dt,
+                               "texts_per_second": len(texts) / dt,
+                               "cached_reads_per_second": len(texts) / min(reads),
+                               "bytes_per_text": s.bytes_written / len(texts)}
+        out.update({f"share_{k}": v / dt for k, v in timer.seconds.items()})
+        out["share_rest"] = 1.0 - sum(timer.seconds.values()) / dt
+        return out
+    return run
 
 
 def alternate(runs: dict[str, Callable[[], dict[str, float]]], rounds: int,

@@ -45,8 +45,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (AGNEWS, ROOT, Timer, alternate, bert_flops_per_text, environment,  # noqa: E402
-                    load_model_path, matmul_flops_per_second, read_tsv, write_json)
+from common import (AGNEWS, ROOT, alternate, bert_flops_per_text, environment,  # noqa: E402
+                    load_model_path, matmul_flops_per_second, quiet_transformers, read_tsv,
+                    time_extraction, write_json)
 
 from cache.store import FeatureStore  # noqa: E402
 from workers.encoder import Encoder, set_threads  # noqa: E402  (sets OMP_WAIT_POLICY first)
@@ -55,39 +56,6 @@ from workers.precision import autocast_dtype  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-
-def layerbank_run(texts: list[str], enc: Encoder, real_tokens: int, max_tokens: int | None
-                  ) -> Callable[[], dict[str, Any]]:
-    def run() -> dict[str, Any]:
-        timer = Timer()
-        with tempfile.TemporaryDirectory() as d:
-            store = FeatureStore(d)
-            timer.wrap(enc, "tokenize", "tokenize")
-            timer.wrap(enc, "encode", "forward_pool")
-            timer.wrap(store, "write", "hdf5_write")
-            kw = {} if max_tokens is None else {"max_tokens": max_tokens}
-            t0 = time.perf_counter()
-            s = extract(texts, store, enc, job_id="bench", **kw)
-            dt = time.perf_counter() - t0
-            timer.unwrap(enc, "tokenize")
-            timer.unwrap(enc, "encode")
-            # cached reads of the same rows: every hidden state, mean pooling, as float32
-            reads = []
-            for _ in range(3):
-                r0 = time.perf_counter()
-                res = store.read_pooled(s.keys, "mean")
-                reads.append(time.perf_counter() - r0)
-            assert res.found.all() and s.tokens_encoded == real_tokens, (s, real_tokens)
-            store.close()
-        out: dict[str, Any] = {"tokens_per_second": real_tokens / dt, "seconds": dt,
-                               "texts_per_second": len(texts) / dt,
-                               "cached_reads_per_second": len(texts) / min(reads),
-                               "bytes_per_text": s.bytes_written / len(texts)}
-        out.update({f"share_{k}": v / dt for k, v in timer.seconds.items()})
-        out["share_rest"] = 1.0 - sum(timer.seconds.values()) / dt
-        return out
-    return run
 
 
 def hf_loop_run(texts: list[str], model: Any, tok: Any, device: torch.device, precision: str,
@@ -166,6 +134,7 @@ def main() -> None:
         return rss_child(args)
 
     set_threads(args.threads)
+    quiet_transformers()
     model_dir = load_model_path(args.model)
     device = torch.device(args.device)
     precisions = args.precision.split(",")
@@ -186,7 +155,7 @@ def main() -> None:
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
     runs: dict[str, Callable[[], dict[str, Any]]] = {}
     for prec, enc in encoders.items():
-        runs[f"layerbank {prec}"] = layerbank_run(texts, enc, real, args.max_tokens)
+        runs[f"layerbank {prec}"] = time_extraction(texts, enc, real, args.max_tokens)
         runs[f"hf-loop {prec}"] = hf_loop_run(texts, hf_model, hf_tok, device, prec, real,
                                               int(enc0.config.max_length or 512))
     if not args.no_st:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from cache.fingerprint import default_model_path
+from cache.keys import text_key
 from cache.shard import ShardContents, write_shard
 from cache.store import FeatureStore
 
@@ -86,8 +87,8 @@ def connect(address: str | None) -> bool:
 class ShardEncoder:
     """A Ray Data actor: loads the encoder once, turns parts into shards.
 
-    ``__call__`` gets a batch of parts (columns ``name``, ``keys``, ``texts``),
-    writes one shard per part under ``shard_dir`` and returns one JSON
+    ``__call__`` gets a batch of parts (a pyarrow table: ``name``, ``keys``,
+    ``texts``), checks the texts against their keys, writes one shard per part under ``shard_dir`` and returns one JSON
     metadata string per part in column ``meta``. The shard is written under a
     name unique to this attempt and then renamed onto ``{name}.h5``, so a
     writer that outlives its retry (a partitioned node) can never interleave
@@ -121,18 +122,23 @@ class ShardEncoder:
         self.max_tokens = max_tokens
         self.fault = fault or {}
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
         import ray
 
         node = ray.get_runtime_context().get_node_id()
         metas = []
-        for name, keys, texts in zip(batch["name"], batch["keys"], batch["texts"]):
+        cfg = self.encoder.config
+        canonical = cfg.canonical()
+        # pyarrow batches: to_pylist gives back the exact strings (numpy's fixed-width
+        # unicode would drop trailing NUL characters)
+        for name, keys, texts in zip(*(batch.column(c).to_pylist() for c in ("name", "keys", "texts"))):
             t0 = time.perf_counter()
-            self._maybe_pause(str(name), node)
-            keys, texts = [str(k) for k in keys], [str(t) for t in texts]
+            self._maybe_pause(name, node)
+            # the driver made the keys: check that these are the texts they were made from
+            if [text_key(self.encoder.fingerprint, canonical, t) for t in texts] != keys:
+                raise RuntimeError(f"part {name}: texts changed on their way to the actor")
             enc = _encode_part(self.encoder, texts, self.want_tokens, self.max_tokens,
                                Progress(0, len(texts), 0, 0.0), t0, None, None)
-            cfg = self.encoder.config
             contents = ShardContents(keys, enc.n_tokens, enc.truncated, enc.pooled, enc.tokens,
                                      attrs={"model_fingerprint": self.encoder.fingerprint,
                                             "extraction_config": cfg.canonical()})
@@ -143,7 +149,7 @@ class ShardEncoder:
             _fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
             self._maybe_die()
             metas.append(json.dumps({
-                "name": str(name), "keys": keys, "n_tokens": enc.n_tokens.tolist(),
+                "name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
                 "truncated": enc.truncated.tolist(), "n_bytes": n_bytes,
                 "fingerprint": self.encoder.fingerprint, "config": cfg.canonical(),
                 "node": node, "pid": os.getpid(), "seconds": time.perf_counter() - t0}))
@@ -283,7 +289,7 @@ def _run(todo: list[dict[str, Any]], store: FeatureStore, encoder: Encoder, want
         gpus_per_actor = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
     ds = ray.data.from_items(todo, override_num_blocks=len(todo))
     ds = ds.map_batches(
-        ShardEncoder, batch_size=1, batch_format="numpy",
+        ShardEncoder, batch_size=1, batch_format="pyarrow",
         fn_constructor_kwargs={"spec": _encoder_spec(encoder), "shard_dir": str(store.shard_dir),
                                "want_tokens": want_tokens, "max_tokens": max_tokens,
                                "threads": threads, "fault": fault},

@@ -122,8 +122,8 @@ def test_full_disk_fails_the_job_clearly_and_a_retry_succeeds(
                                                "heartbeat_seconds": 1})
     try:
         server.start()
-        filler = _fill(small_disk, 200 * 1024)
-        texts = phrases(2000, 35000)  # one ~1.2 MB shard: does not fit in 200 KiB
+        filler = _fill(small_disk, 40 * 1024)
+        texts = phrases(2000, 35000)  # one ~1.2 MB shard: does not fit in 40 KiB
         lb = server.client()
         ds = server.post("/v1/datasets", json={"name": "too-big", "texts": texts})
         assert ds.status_code == 202, ds.text
