@@ -90,6 +90,8 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
                 raise InputError(f"line {i} is not valid JSON: {e.msg}") from None
             except RecursionError:
                 raise InputError(f"line {i} is not valid JSON: it is nested too deeply") from None
+            except ValueError as e:  # e.g. an integer of more than 4,300 digits
+                raise InputError(f"line {i} cannot be read: {str(e).split(':')[0]}") from None
             if not isinstance(obj, dict):
                 raise InputError(f"line {i}: expected a JSON object, got {type(obj).__name__}")
             if not columns:

@@ -174,6 +174,8 @@ def parse_json(data: bytes | str, *, source: str | None = None) -> list[TaggedSe
                 raise WordSetError(f"invalid JSON: {e.msg}", e.lineno, source) from None
             except RecursionError:
                 raise WordSetError("invalid JSON: nested too deeply", line, source) from None
+            except ValueError as e:  # e.g. an integer of more than 4,300 digits
+                raise WordSetError(f"cannot be read: {str(e).split(':')[0]}", line, source) from None
             sentences.append(_sentence_from_object(obj, line, source))
             pos = _skip_ws(text, pos)
             if text.startswith(",", pos):
@@ -211,6 +213,8 @@ def parse_jsonl(data: bytes | str, *, source: str | None = None) -> list[TaggedS
             raise WordSetError(f"invalid JSON: {e.msg}", number, source) from None
         except RecursionError:
             raise WordSetError("invalid JSON: nested too deeply", number, source) from None
+        except ValueError as e:  # e.g. an integer of more than 4,300 digits
+            raise WordSetError(f"cannot be read: {str(e).split(':')[0]}", number, source) from None
         sentences.append(_sentence_from_object(obj, number, source))
     if not sentences:
         raise WordSetError("no sentences found", None, source)

@@ -86,8 +86,11 @@ class Catalog:
     # -- shards and entries ----------------------------------------------
     def commit_shard(self, name: str, model: str, config: str, keys: Sequence[str],
                      n_tokens: Sequence[int], truncated: Sequence[bool], *,
-                     has_tokens: bool, n_bytes: int) -> None:
+                     has_tokens: bool, n_bytes: int, replaces: Sequence[str] = ()) -> None:
         """Register a durable shard and point its keys at it, atomically.
+
+        ``replaces`` names shards whose rows this one takes over (compaction):
+        they are forgotten in the same transaction once no key points at them.
 
         Re-committing the same name (a re-run of the same job part) replaces
         the earlier registration. A key already stored with token-level states
@@ -108,6 +111,9 @@ class Catalog:
             # a shard whose every key moved elsewhere holds nothing readable
             db.execute("DELETE FROM shards WHERE name NOT IN (SELECT DISTINCT shard FROM entries)"
                        " AND name = ?", (name,))
+            for old in replaces:
+                db.execute("DELETE FROM shards WHERE name = ? AND name NOT IN "
+                           "(SELECT DISTINCT shard FROM entries)", (old,))
 
     def lookup(self, keys: Iterable[str], need_tokens: bool = False) -> dict[str, Entry]:
         """Entries for the keys that are stored (with token states if asked)."""
@@ -133,6 +139,18 @@ class Catalog:
         if r is None:
             return None
         return dict(zip(("name", "model", "config", "n_rows", "n_bytes", "has_tokens"), r))
+
+    def small_shards(self, max_rows: int) -> list[dict]:
+        """Committed pooled-only shards under ``max_rows`` rows (compaction input)."""
+        rows = self.conn().execute(
+            "SELECT name, model, config, n_rows FROM shards WHERE has_tokens = 0 AND n_rows < ? "
+            "ORDER BY created", (max_rows,)).fetchall()
+        return [dict(zip(("name", "model", "config", "n_rows"), r)) for r in rows]
+
+    def live_rows(self, shard: str) -> list[tuple[str, int, int, bool]]:
+        """(key, row, n_tokens, truncated) of the keys that still point at ``shard``."""
+        return [(k, r, n, bool(t)) for k, r, n, t in self.conn().execute(
+            "SELECT key, row, n_tokens, truncated FROM entries WHERE shard = ? ORDER BY row", (shard,))]
 
     def drop_shard(self, name: str) -> list[str]:
         """Forget a shard (quarantine, compaction); returns the keys it held."""

@@ -96,7 +96,8 @@ class FeatureStore:
         return {"temp_files": removed_tmp, "uncommitted_shards": removed_orphans}
 
     # -- writing ----------------------------------------------------------
-    def write(self, name: str, contents: ShardContents, *, model: str, config: ExtractionConfig) -> int:
+    def write(self, name: str, contents: ShardContents, *, model: str, config: ExtractionConfig,
+              replaces: Sequence[str] = ()) -> int:
         """Write a shard named ``name`` (``<job>-<part>``) and commit it; return bytes."""
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad shard name {name!r}")
@@ -108,7 +109,8 @@ class FeatureStore:
         try:
             self.catalog.commit_shard(fname, model, config.canonical(), contents.keys,
                                       contents.n_tokens, contents.truncated,
-                                      has_tokens=contents.tokens is not None, n_bytes=n_bytes)
+                                      has_tokens=contents.tokens is not None, n_bytes=n_bytes,
+                                      replaces=replaces)
         except BaseException:
             # not in the catalog, so never read: give its space back now, not at the next start
             try:
@@ -156,7 +158,7 @@ class FeatureStore:
         return keys
 
     def read_pooled(self, keys: Sequence[str], pooling: str,
-                    layers: Sequence[int] | None = None) -> ReadResult:
+                    layers: Sequence[int] | None = None, _retried: bool = False) -> ReadResult:
         """[len(keys), len(layers) or H, d] float32 rows in the order of ``keys``."""
         entries = self.lookup(keys)
         by_shard: dict[str, list[int]] = {}
@@ -171,6 +173,16 @@ class FeatureStore:
             try:
                 block = self._read_checked(shard, rows, [keys[i] for i in idx], pooling)
             except CorruptShardError as e:
+                if self.catalog.shard_info(shard) is None and not _retried:
+                    # compacted (or re-committed) between our lookup and our read:
+                    # the rows live elsewhere now, look them up again
+                    again = self.read_pooled([keys[i] for i in idx], pooling, layers, _retried=True)
+                    if again.data.size:
+                        if data is None:
+                            data = np.zeros((len(keys),) + again.data.shape[1:], dtype=np.float32)
+                        data[idx] = again.data
+                    found[idx] = again.found
+                    continue
                 self.quarantine(shard, str(e))
                 continue
             except KeyError:

@@ -52,6 +52,7 @@ from typing import Any
 
 from cache.datasets import DatasetStore
 from cache.jobs import Job, JobQueue
+from cache.compact import compact
 from cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
@@ -85,6 +86,9 @@ class WorkerOptions:
     poll_interval_s: float = 0.002  # idle poll: a few ms keeps sync requests fast
     progress_interval_s: float = 0.25
     parent_pid: int | None = None  # exit when this process is gone (started by serve)
+    compact_after_idle_s: float = 2.0  # merge small shards once the queue has been quiet this long
+    compact_min_shards: int = 32  # ... and at least this many small shards exist
+    compact_max_rows: int = 256
 
 
 class JobContext:
@@ -155,6 +159,7 @@ class Worker:
         alive = threading.Thread(target=self._liveness, name="worker-liveness", daemon=True)
         alive.start()
         last_claim = 0.0
+        last_work = last_compact = time.monotonic()
         while not self.stopping.is_set():
             now = time.monotonic()
             # the cheap read first; a claim (a write transaction) only when there is work,
@@ -164,9 +169,29 @@ class Worker:
                 job = self.queue.claim(self.id, self.kinds, self.options.lease_seconds)
                 if job is not None:
                     self.run_job(job)
+                    last_work = time.monotonic()
                     continue
+            if now - last_work > self.options.compact_after_idle_s and now - last_compact > 30.0:
+                last_compact = now
+                self.compact_if_needed()
             self.stopping.wait(self.options.poll_interval_s)
         self.seen(state="stopped")
+
+    def compact_if_needed(self) -> None:
+        """Merge the small shards that micro-batched requests leave behind.
+
+        Runs only when idle: the worker is the one writer, so compaction
+        never races an extraction; readers see the same rows throughout.
+        """
+        small = self.store.catalog.small_shards(self.options.compact_max_rows)
+        if len(small) < self.options.compact_min_shards:
+            return
+        try:
+            s = compact(self.store, max_rows=self.options.compact_max_rows)
+            log.info("compacted %d small shards into %d (%d rows)", s.shards_merged,
+                     s.shards_written, s.rows)
+        except Exception:  # compaction is housekeeping: never take the worker down
+            log.exception("compaction failed; the store is unchanged")
 
     def seen(self, state: str | None = None) -> None:
         info = {"fingerprint": self.encoder.fingerprint, "model": self.encoder.info.get("name"),
