@@ -53,8 +53,16 @@ from cache.jobs import Job, JobQueue
 from cache.keys import text_key
 from cache.store import FeatureStore
 
-__all__ = ["JobInputError", "MODEL_KEYS", "Stopped", "dataset_keys", "model_summary", "run_job",
-           "split_sentences", "tagged_sentences"]
+__all__ = [
+    "MODEL_KEYS",
+    "JobInputError",
+    "Stopped",
+    "dataset_keys",
+    "model_summary",
+    "run_job",
+    "split_sentences",
+    "tagged_sentences",
+]
 
 log = logging.getLogger("layerbank.probes")
 MODEL_KEYS = ("name", "num_layers", "n_hidden_states", "hidden_size", "n_params", "n_bias_params")
@@ -88,7 +96,7 @@ def tagged_sentences(items: DatasetItems) -> list[TaggedSentence]:
 
 def split_sentences(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded split of ``n`` sentences into (train, valid) indices, each sorted."""
-    n_valid = int(round(n * valid_fraction))
+    n_valid = round(n * valid_fraction)
     if n_valid < 1 or n - n_valid < 1:
         raise JobInputError(f"valid_fraction {valid_fraction} of {n} sentences leaves "
                             f"{n - n_valid} for training and {n_valid} for validation; both need one")

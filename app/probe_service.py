@@ -44,6 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from app.heads_store import HeadStore
@@ -156,7 +157,7 @@ class ProbeService:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), _IDLE_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _dispatch(self) -> None:
@@ -172,8 +173,11 @@ class ProbeService:
             self._running[job.id] = fut
             loop = self._loop
             assert loop is not None
-            fut.add_done_callback(lambda f, j=job.id: loop.call_soon_threadsafe(self._finished, j, f))
+            fut.add_done_callback(partial(self._done_in_thread, loop, job.id))
             log.info("job %s (%s) started", job.id, job.kind)
+
+    def _done_in_thread(self, loop: asyncio.AbstractEventLoop, job_id: str, fut: Future[str]) -> None:
+        loop.call_soon_threadsafe(self._finished, job_id, fut)  # a pool thread calls this
 
     def _finished(self, job_id: str, fut: Future[str]) -> None:
         if self._running.pop(job_id, None) is None:

@@ -37,11 +37,12 @@ def token_probe_figure(result: dict[str, Any]) -> Figure:
     metric = result["metric"]  # "f1" or "word_accuracy"
     metric_name = "entity F1 (exact spans)" if metric == "f1" else "word accuracy"
     layer_of = {r["view"]: single_layer(r["view"], n_states) for r in rows}
-    layers = sorted((r for r in rows if layer_of[r["view"]] is not None), key=lambda r: layer_of[r["view"]])
     others = [r for r in rows if layer_of[r["view"]] is None]
-    position = {r["view"]: n_states + 0.5 + i for i, r in enumerate(others)}
-    x_of = {r["view"]: layer_of[r["view"]] if layer_of[r["view"]] is not None else position[r["view"]]
-            for r in rows}
+    # x position: the hidden state for one-layer views; other views to the right of the last layer
+    x_of: dict[str, float] = {r["view"]: n_states + 0.5 + i for i, r in enumerate(others)}
+    x_of.update({v: float(k) for v, k in layer_of.items() if k is not None})
+    layers = sorted((r for r in rows if layer_of[r["view"]] is not None), key=lambda r: x_of[r["view"]])
+    position = {r["view"]: x_of[r["view"]] for r in others}
 
     fig = Figure(figsize=(11, 6.5), dpi=100, layout="constrained")
     ax = fig.add_subplot()

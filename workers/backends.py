@@ -30,14 +30,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 from cache.store import FeatureStore
 
 from .encoder import Encoder
 from .extract import ExtractSummary, Progress, extract
 
-__all__ = ["ExtractionBackend", "EmbeddedBackend", "RayBackend", "make_backend", "BACKENDS"]
+__all__ = ["BACKENDS", "EmbeddedBackend", "ExtractionBackend", "RayBackend", "make_backend"]
 
 BACKENDS = ("embedded", "ray")
 

@@ -28,11 +28,13 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,8 +46,15 @@ from cache.store import FeatureStore
 from .encoder import Encoder
 from .extract import ExtractSummary, Progress, Stopped, _encode_part
 
-__all__ = ["extract_with_ray", "connect", "require_ray", "RayUnavailable", "RayExtractionError",
-           "ShardEncoder", "INSTALL_HINT"]
+__all__ = [
+    "INSTALL_HINT",
+    "RayExtractionError",
+    "RayUnavailable",
+    "ShardEncoder",
+    "connect",
+    "extract_with_ray",
+    "require_ray",
+]
 
 INSTALL_HINT = "pip install 'layerbank[ray]'"
 _TICK_S = 1.0  # the driver calls progress/should_continue at least this often (lease heartbeats)
@@ -63,7 +72,7 @@ def require_ray() -> Any:
     """The ``ray`` module, or ``RayUnavailable`` naming the extra to install."""
     try:
         import ray
-        import ray.data  # noqa: F401  (the Data library is part of the extra)
+        import ray.data
     except ImportError as e:
         raise RayUnavailable(f"the Ray backend needs Ray Data: {INSTALL_HINT}") from e
     return ray
@@ -80,7 +89,13 @@ def connect(address: str | None) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if callable(before):
+        # ray.init replaces SIGTERM with sys.exit; a worker that installed its own handler
+        # (stop after the batch, hand the job back) keeps it, and closes Ray itself
+        signal.signal(signal.SIGTERM, before)
     return True
 
 

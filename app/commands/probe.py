@@ -95,7 +95,8 @@ def _open(settings: Any) -> Any:
 
 class _Bar:
     def __init__(self, enabled: bool, unit: str) -> None:
-        self.enabled, self.unit, self.bar = enabled, unit, None
+        self.enabled, self.unit = enabled, unit
+        self.bar: Any = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
@@ -208,11 +209,12 @@ def _sentence_table(r: dict[str, Any]) -> str:
                      f"{_num(c and c['control_accuracy']):<7}  {_num(c and c['selectivity']):<11}  "
                      f"{x['fit_seconds']['mean']:.3f}")
     t, b = r["task"], r["best"]
-    lines += ["", f"{t['n_examples']:,} examples, {len(t['classes'])} classes, {t['cv']}-fold CV, "
-              f"{t['head']} head; always answering the most frequent class scores {t['chance_accuracy']:.3f}",
-              f"best: {b['view']}, {b['pooling']} pooling: accuracy {b['accuracy']:.3f} ± {b['accuracy_std']:.3f}, "
-              f"macro-F1 {b['macro_f1']:.3f}" + (f", selectivity {b['selectivity']:.3f}"
-                                                 if b["selectivity"] is not None else "")]
+    selectivity = "" if b["selectivity"] is None else f", selectivity {b['selectivity']:.3f}"
+    lines += ["", (f"{t['n_examples']:,} examples, {len(t['classes'])} classes, {t['cv']}-fold CV, "
+                   f"{t['head']} head; always answering the most frequent class scores "
+                   f"{t['chance_accuracy']:.3f}"),
+              (f"best: {b['view']}, {b['pooling']} pooling: accuracy {b['accuracy']:.3f} ± "
+               f"{b['accuracy_std']:.3f}, macro-F1 {b['macro_f1']:.3f}{selectivity}")]
     for pooling, mix in (r["scalar_mix"] or {}).items():
         weights = " ".join(f"{w:.2f}" for w in mix["layer_weights"])
         lines.append(f"scalar mix ({pooling}): accuracy {mix['accuracy']['mean']:.3f} ± "
@@ -294,8 +296,9 @@ def _token_table(r: dict[str, Any]) -> str:
                      f"{_num(x['recall']):<6}  {x['word_accuracy']:<8.3f}  {_num(x['control_accuracy']):<7}  "
                      f"{_num(x['selectivity']):<11}  {x['fit_seconds']:.2f}")
     n, s = r["n_words"], r["n_sentences"]
-    lines += ["", f"{s['train']:,} training sentences ({n['train']:,} words), {s['valid']:,} validation "
-              f"sentences ({n['valid']:,} words), {len(r['tags'])} tags; {r['word_mode']} sub-token per word",
+    lines += ["", (f"{s['train']:,} training sentences ({n['train']:,} words), {s['valid']:,} validation "
+                   f"sentences ({n['valid']:,} words), {len(r['tags'])} tags; {r['word_mode']} sub-token "
+                   "per word"),
               f"best by {r['metric'].replace('_', ' ')}: {r['best']}"]
     if r["n_uncovered"]["train"] or r["n_uncovered"]["valid"]:
         lines.append(f"words cut off by max_length: {r['n_uncovered']} ({r['uncovered_policy']})")

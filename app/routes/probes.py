@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from typing import Any, AsyncIterator, Literal
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import Response
@@ -51,7 +52,7 @@ DEFAULT_TRAIN_SIZES = [50, 100, 200, 500, 1000]
 _SENTENCE_ONLY = ("poolings", "head", "cv", "learning_curve", "train_sizes")
 _TOKEN_ONLY = ("train", "valid", "valid_fraction", "word_mode", "span_f1")
 _ERRORS = error_responses(401, 404, 409, 415, 422)
-_PNG = {200: {"content": {"image/png": {}}, "description": "a PNG image"}}
+_PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "a PNG image"}}
 
 
 @contextlib.asynccontextmanager

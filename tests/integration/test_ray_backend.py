@@ -16,8 +16,8 @@ from __future__ import annotations
 import csv
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import h5py
 import numpy as np
@@ -25,14 +25,14 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install '.[ray]'")
 
-from cache.datasets import DatasetStore  # noqa: E402
-from cache.store import FeatureStore  # noqa: E402
-from workers.backends import ExtractionBackend, make_backend  # noqa: E402
-from workers.encoder import Encoder  # noqa: E402
-from workers.extract import ExtractSummary, Progress, Stopped, extract  # noqa: E402
-from workers.jobs_registry import ENCODE_PRIORITY  # noqa: E402
-from workers.ray_backend import RayUnavailable, extract_with_ray  # noqa: E402
-from workers.worker import Worker, WorkerOptions  # noqa: E402
+from cache.datasets import DatasetStore
+from cache.store import FeatureStore
+from workers.backends import ExtractionBackend, make_backend
+from workers.encoder import Encoder
+from workers.extract import ExtractSummary, Progress, Stopped, extract
+from workers.jobs_registry import ENCODE_PRIORITY
+from workers.ray_backend import RayUnavailable, extract_with_ray
+from workers.worker import Worker, WorkerOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

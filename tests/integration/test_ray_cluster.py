@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install '.[ray]'")
 
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
-from cache.store import FeatureStore  # noqa: E402
-from workers.encoder import Encoder  # noqa: E402
-from workers.extract import extract  # noqa: E402
-from workers.ray_backend import extract_with_ray  # noqa: E402
-
-from tests.integration.test_ray_backend import assert_same_shards, assert_stored_once, sst2_texts  # noqa: E402
+from cache.store import FeatureStore
+from tests.integration.test_ray_backend import assert_same_shards, assert_stored_once, sst2_texts
+from workers.encoder import Encoder
+from workers.extract import extract
+from workers.ray_backend import extract_with_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -269,3 +269,52 @@ def test_token_probe_over_http(api) -> None:  # type: ignore[no-untyped-def]
     assert r.status_code == 422 and r.json()["field"] == "cv"
     r = c.post("/v1/probes", json={"task": "token", "train": ids[0], "valid": ids[1], "views": ["layer:5"]})
     assert r.status_code == 422 and r.json()["field"] == "views"
+
+
+def test_a_cancelled_probe_job_stops_and_is_marked_cancelled(api) -> None:  # type: ignore[no-untyped-def]
+    from app.probe_jobs import run_job
+    from cache.jobs import JobQueue
+    from cache.store import FeatureStore
+
+    c = api.client
+    texts, labels = _labelled(4)
+    ds = _dataset(c, texts, labels)
+    store = FeatureStore(api.data_dir)
+    try:
+        queue = JobQueue(store.catalog)
+        job_id = queue.submit("probe", {"task": "sentence_classification", "dataset_id": ds["id"],
+                                        "views": ["each_layer"], "poolings": ["mean"], "head": "logistic",
+                                        "cv": 2, "seed": 0, "control_task": True, "learning_curve": False,
+                                        "train_sizes": [4]})
+        # claimed by a runner of our own (not the app's dispatcher), then cancelled while "running"
+        assert queue.claim("test-runner", ["probe"], lease_s=30).id == job_id  # type: ignore[union-attr]
+        assert queue.cancel(job_id).cancel_requested  # type: ignore[union-attr]
+        assert run_job(str(api.data_dir), job_id, "test-runner", heartbeat_s=60) == "cancelled"
+        job = queue.get(job_id)
+        assert job is not None and job.state == "cancelled" and job.result is None
+    finally:
+        store.close()
+
+
+def test_a_job_whose_dataset_vanished_fails_with_the_reason(api) -> None:  # type: ignore[no-untyped-def]
+    from app.probe_jobs import run_job
+    from cache.jobs import JobQueue
+    from cache.store import FeatureStore
+
+    c = api.client
+    texts, labels = _labelled(3)
+    ds = _dataset(c, texts, labels)
+    assert c.delete(f"/v1/datasets/{ds['id']}").status_code == 200
+    store = FeatureStore(api.data_dir)
+    try:
+        queue = JobQueue(store.catalog)
+        job_id = queue.submit("probe", {"task": "sentence_classification", "dataset_id": ds["id"],
+                                        "views": ["layer:1"], "poolings": ["mean"], "head": "logistic",
+                                        "cv": 2, "seed": 0, "control_task": False, "learning_curve": False,
+                                        "train_sizes": [4]})
+        assert queue.claim("test-runner", ["probe"], lease_s=30).id == job_id  # type: ignore[union-attr]
+        assert run_job(str(api.data_dir), job_id, "test-runner", heartbeat_s=60) == "failed"
+        job = queue.get(job_id)
+        assert job is not None and job.error == f"dataset {ds['id']} was deleted before the job ran"
+    finally:
+        store.close()
