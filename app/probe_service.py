@@ -39,6 +39,7 @@ import multiprocessing
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,7 +57,8 @@ __all__ = ["JOB_KINDS", "ProbeService"]
 
 log = logging.getLogger("layerbank.probes")
 JOB_KINDS = ("probe", "head")
-_IDLE_POLL_S = 0.25  # how often a free slot looks for queued (or lease-expired) jobs
+_IDLE_POLL_S = 0.25  # how often a free slot looks for queued jobs
+_LEASE_SCAN_S = 1.0  # ... and for jobs whose lease expired
 _CHILD_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _LOADED_HEADS = 16
 
@@ -87,6 +89,7 @@ class ProbeService:
         self.executor_factory: Callable[[], Executor] = executor_factory or self._process_pool
         self._executor: Executor | None = None
         self._running: dict[str, Future[str]] = {}
+        self._last_claim = 0.0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -163,6 +166,12 @@ class ProbeService:
     def _dispatch(self) -> None:
         s = self.settings
         while len(self._running) < s.probe_processes:
+            # the cheap read first; a claim (a write transaction) only when there is work,
+            # or once a second to pick up jobs whose lease expired
+            now = time.monotonic()
+            if not self.queue.queued(JOB_KINDS) and now - self._last_claim < _LEASE_SCAN_S:
+                return
+            self._last_claim = now
             job = self.queue.claim(self.owner, list(JOB_KINDS), s.lease_seconds)
             if job is None:
                 return

@@ -154,11 +154,14 @@ async def _prepare(c: httpx.AsyncClient, warm: list[str], labelled: list[str],
 
 async def run_load(url: str, *, duration_s: float = 60.0, clients: int = 32, warmup_s: float | None = None,
                    server_pid: int | None = None, worker_pid: int | None = None, api_key: str | None = None,
-                   seed: int = 0, text_offset: int = 10_000, timeout_s: float = 30.0) -> LoadReport:
+                   seed: int = 0, text_offset: int = 10_000, timeout_s: float = 30.0,
+                   mix: dict[str, float] | None = None) -> LoadReport:
     """Drive ``url`` for ``duration_s`` with ``clients`` concurrent clients; measure it."""
     warmup_s = max(5.0, 0.3 * duration_s) if warmup_s is None else warmup_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    # idle connections are dropped before the server (uvicorn: 5 s) closes them under a request
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4,
+                          keepalive_expiry=2.0)
     phrases = _phrases(text_offset, 3000)
     warm, labelled, fresh = phrases[:256], phrases[256:316], phrases[316:]
     tag = f"{os.getpid()}-{int(time.time())}"
@@ -169,8 +172,8 @@ async def run_load(url: str, *, duration_s: float = 60.0, clients: int = 32, war
         info = (await c.get("/info")).json()
         max_texts = int(info["limits"]["max_texts_per_request"])
         probe_ds, probes = await _prepare(c, warm, labelled, max_texts)
-        mix = dict(MIX) if probe_ds else {k: v for k, v in MIX.items() if k != "probe"}
-        kinds, weights = list(mix), list(mix.values())
+        chosen = {k: v for k, v in (mix or MIX).items() if v > 0 and (k != "probe" or probe_ds)}
+        kinds, weights = list(chosen), list(chosen.values())
         datasets: list[str] = [probe_ds] if probe_ds else []
         start = time.monotonic()
         deadline = start + duration_s
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-depth", type=int, default=8,
                     help="max_queue_depth of the server this starts (small: overload shows as 429)")
     ap.add_argument("--api-key")
+    ap.add_argument("--mix", help='request mix as JSON, e.g. \'{"cached": 1}\' (default: %s)' % json.dumps(MIX))
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
     proc = None
@@ -324,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         if ready.get("workers"):
             worker_pid = int(ready["workers"][0]["pid"])
         report = asyncio.run(run_load(url, duration_s=args.duration, clients=args.clients,
-                                      server_pid=server_pid, worker_pid=worker_pid, api_key=args.api_key))
+                                      server_pid=server_pid, worker_pid=worker_pid, api_key=args.api_key,
+                                      mix=json.loads(args.mix) if args.mix else None))
     finally:
         if proc is not None:
             proc.terminate()
