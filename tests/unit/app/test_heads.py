@@ -31,7 +31,18 @@ def one_blas_thread():  # type: ignore[no-untyped-def]
         yield
 
 
-@parametrize_with_checks(ALL_HEADS)
+def _contract_checks():  # type: ignore[no-untyped-def]
+    """scikit-learn's checks, without the array-API ones: those need SCIPY_ARRAY_API
+    set before scipy is imported and only skip here; heads take numpy arrays."""
+    marker = parametrize_with_checks(ALL_HEADS)
+    names, values = marker.args[:2]
+    keep = [v for v in values
+            if "array_api" not in getattr(getattr(v.values[1] if hasattr(v, "values") else v[1],
+                                                  "func", None), "__name__", "")]
+    return pytest.mark.parametrize(names, keep, **marker.kwargs)
+
+
+@_contract_checks()
 def test_sklearn_estimator_contract(estimator, check):  # type: ignore[no-untyped-def]
     check(estimator)
 
