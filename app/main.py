@@ -31,7 +31,7 @@ from app.batcher import Batcher
 from app.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestTimer
-from app.routes import datasets, embeddings, features, heads, jobs, ops, probes
+from app.routes import datasets, embeddings, features, heads, jobs, ops, probes, regimes
 from app.schemas import apply_limits
 from app.settings import Settings, get_settings
 
@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     install_error_handlers(app)
     for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
-              probes.router, heads.router):
+              probes.router, heads.router, regimes.router):
         app.include_router(r)
     _openapi_with_limits(app, settings)
     # added innermost first: the timer sees every request, 401s and 413s included

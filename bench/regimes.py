@@ -17,6 +17,9 @@ max_length 32 (SST-2 training phrases average 13 tokens; 6% exceed 32),
 batch 32, default learning rates (``workers.regimes_job.DEFAULT_LR``),
 fine-tuned heads starting from the last layer's probe (LP-FT), one torch
 thread (on the shared machine two threads ran 5x slower, not faster).
+The documented run took 37.6 minutes of wall time, at a load average of
+about 11 on two cores, and about 12 minutes of CPU time: the process got about
+30% of one core.
 
 Writes bench/out/regimes.json and bench/out/regimes.png (ignored by git).
 """
@@ -66,7 +69,7 @@ def main() -> None:
     pool = max(sizes) + args.spare + args.val + args.test
     rows = random.Random(args.seed).sample(rows, pool)
     texts, labels = [r[0] for r in rows], [int(r[1]) for r in rows]
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
 
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} epochs, {time.perf_counter() - started:.0f} s", end="", flush=True)
@@ -75,14 +78,15 @@ def main() -> None:
                          test_size=args.test / pool, val_size=args.val / pool,
                          max_epochs=_epochs(args.epochs), batch_size=args.batch_size,
                          max_length=args.max_length, device="cpu", progress=progress)
-    elapsed = time.perf_counter() - started
-    result["bench"] = {"data": str(SST2), "pool": pool, "seconds": elapsed, "threads": args.threads}
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    result["bench"] = {"data": str(SST2), "pool": pool, "seconds": elapsed, "cpu_seconds": cpu,
+                       "threads": args.threads}
     print()
     print(format_regimes_table(result))
     print(f"pool {pool} sentences (train {result['split']['n_train']}, val {result['split']['n_val']}, "
           f"test {result['split']['n_test']}); {args.seeds} seeds; epochs {args.epochs}; "
           f"max_length {args.max_length}; batch {args.batch_size}; {args.threads} thread(s); "
-          f"{elapsed / 60:.1f} min")
+          f"{elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "regimes.json").write_text(json.dumps(result, indent=1))

@@ -38,7 +38,9 @@ from .views import View
 __all__ = ["FeatureStore", "ReadResult"]
 
 log = logging.getLogger("layerbank.store")
-_MAX_OPEN = 256  # cached read handles per process
+# cached read handles per process: an open HDF5 file costs ~0.5 MB of memory whatever
+# its size (the library's metadata cache), and serving makes many small shards
+_MAX_OPEN = 64
 
 
 class ReadResult:

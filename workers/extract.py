@@ -126,14 +126,13 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
 def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_tokens: int,
                  prog: Progress, t0: float, progress: Callable[[Progress], None] | None,
                  should_continue: Callable[[], bool] | None) -> Encoded:
-    """Encode one part in token-budget batches; results in the order of ``texts``.
+    """Encode one part in batches of little padding; results in the order of ``texts``.
 
-    Pooled rows go straight into arrays of the storage dtype (float16 by
-    default): the same rounding the shard writer would do, at half the memory.
+    Pooled rows stay float32 until the shard writer casts them, so that it
+    can refuse values the storage dtype cannot hold (float16 overflow).
     """
     tok = encoder.tokenize(texts, want_offsets=want_tokens)
     n = len(texts)
-    dtype = np.dtype(encoder.config.storage_dtype)
     pooled: dict[str, np.ndarray] = {}
     tokens: list[TokenRows | None] = [None] * n
     batches = min_padding_batches(tok.lengths, max_tokens,
@@ -147,7 +146,7 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
         out = encoder.encode(sub, want_tokens=want_tokens)
         for name, arr in out.pooled.items():
             if name not in pooled:
-                pooled[name] = np.empty((n,) + arr.shape[1:], dtype=dtype)
+                pooled[name] = np.empty((n,) + arr.shape[1:], dtype=np.float32)
             pooled[name][batch_idx] = arr
         if out.tokens is not None:
             for j, i in enumerate(batch_idx):

@@ -57,7 +57,7 @@ URGENT_KINDS = ("encode",)  # run between the batches of any other kind
 
 Handler = Callable[["JobContext"], Any]
 JOB_KINDS: dict[str, Handler] = {}
-KIND_MODULES: list[str] = []  # modules that call register_kind when imported
+KIND_MODULES: list[str] = ["workers.regimes_kind"]  # modules that call register_kind when imported
 
 
 class JobError(RuntimeError):
