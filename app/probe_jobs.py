@@ -43,65 +43,38 @@ import numpy as np
 from app.advice import recommend
 from app.heads import save_head
 from app.heads_store import HeadStore
-from app.probe import fit_head, run_probe
-from app.spans import is_bio_tag
+from app.probe import ProbeInputError, fit_head, run_probe
+from app.probe_requests import JobInputError, model_summary, split_sentences
+from app.spans import TagSchemeError, is_bio_tag
 from app.token_probe import run_token_probe
 from app.word_features import word_states
-from app.wordsets import TaggedSentence
+from app.wordsets import TaggedSentence, WordSetError
 from cache.datasets import Dataset, DatasetItems, DatasetStore
 from cache.jobs import Job, JobQueue
 from cache.keys import text_key
 from cache.store import FeatureStore
+from cache.views import ViewError
 
-__all__ = [
-    "MODEL_KEYS",
-    "JobInputError",
-    "Stopped",
-    "dataset_keys",
-    "model_summary",
-    "run_job",
-    "split_sentences",
-    "tagged_sentences",
-]
+__all__ = ["Stopped", "dataset_keys", "run_job", "tagged_sentences"]
 
 log = logging.getLogger("layerbank.probes")
-MODEL_KEYS = ("name", "num_layers", "n_hidden_states", "hidden_size", "n_params", "n_bias_params")
 _PROGRESS_WRITE_S = 0.5
-
-
-class JobInputError(ValueError):
-    """Input the job cannot run on, found only when it ran (e.g. rows lost since)."""
+# errors whose message is for the user as it is (LookupError: deleted meanwhile, not extracted)
+_USER_ERRORS = (JobInputError, ProbeInputError, TagSchemeError, ViewError, WordSetError, LookupError)
 
 
 class Stopped(Exception):
     """The job was cancelled or lost its lease."""
 
 
-# -- helpers shared with the routes (they check the same things up front) ------
 def dataset_keys(ds: Dataset, texts: Sequence[str]) -> list[str]:
     return [text_key(str(ds.meta.get("fingerprint", "")), ds.config, t) for t in texts]
-
-
-def model_summary(info: dict[str, Any] | None, fingerprint: str) -> dict[str, Any]:
-    """What app.advice and the result show about the model (the catalog's row)."""
-    info = info or {}
-    return {k: info[k] for k in MODEL_KEYS if k in info} | {"fingerprint": fingerprint}
 
 
 def tagged_sentences(items: DatasetItems) -> list[TaggedSentence]:
     if items.words is None or items.tags is None:
         raise JobInputError("this dataset has no words and tags; a token probe needs a word/tag dataset")
     return [TaggedSentence(tuple(w), tuple(t)) for w, t in zip(items.words, items.tags)]
-
-
-def split_sentences(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split of ``n`` sentences into (train, valid) indices, each sorted."""
-    n_valid = round(n * valid_fraction)
-    if n_valid < 1 or n - n_valid < 1:
-        raise JobInputError(f"valid_fraction {valid_fraction} of {n} sentences leaves "
-                            f"{n - n_valid} for training and {n_valid} for validation; both need one")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
 # -- the job's lease, progress and cancellation -----------------------------------
@@ -191,8 +164,7 @@ def run_job(data_dir: str, job_id: str, owner: str, lease_s: float = 30.0, heart
             return "cancelled"
         return "lost"  # the lease went to another runner
     except Exception as e:  # every outcome is recorded on the job
-        known = isinstance(e, (JobInputError, LookupError)) or type(e).__name__ in (
-            "ProbeInputError", "TagSchemeError", "ViewError", "WordSetError")
+        known = isinstance(e, _USER_ERRORS)
         if not known:
             log.exception("job %s failed", job_id)
         queue.fail(job_id, owner, str(e) if known else f"{type(e).__name__}: {e}")

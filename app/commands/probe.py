@@ -155,7 +155,7 @@ def _run_sentence(args: argparse.Namespace) -> int:
 
 
 def _model(ex: Any) -> dict[str, Any]:
-    from app.probe_jobs import model_summary
+    from app.probe_requests import model_summary
 
     return model_summary(ex.encoder.info, ex.encoder.fingerprint)
 
@@ -235,7 +235,7 @@ def _num(v: float | None) -> str:
 
 
 def _run_token(args: argparse.Namespace) -> int:
-    from app.probe_jobs import JobInputError, split_sentences
+    from app.probe_requests import JobInputError, split_sentences
     from app.token_probe import run_token_probe
     from app.word_features import sentence_texts, word_states
     from app.wordsets import WordSetError, read_wordset

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     regimes, sizes = _args(args)
     settings = settings_from(args)
     table = load_table(args, label_column=args.label_column)
-    if any(label is None or label == "" for label in table.labels):
+    labels = table.labels or []
+    if len(labels) != len(table.texts) or any(label is None or label == "" for label in labels):
         fail(f"{args.file}: some texts have no label in column {args.label_column!r}")
     from app.commands.probe import _Bar, _open  # imports torch only when run
     from workers.regimes_job import run_regimes
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         read = ex.store.read_pooled(keys, "mean")
         try:
             result = run_regimes(
-                table.texts, table.labels, model_path=ex.encoder.name, regimes=regimes, seeds=args.seeds,
+                table.texts, labels, model_path=ex.encoder.name, regimes=regimes, seeds=args.seeds,
                 top_k=args.top_k, train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
                 max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
                 frozen_features=read.data if read.found.all() else None,

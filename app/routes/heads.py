@@ -38,9 +38,10 @@ from app.advice import storage_costs
 from app.deps import AppState, get_state
 from app.errors import Conflict, InvalidInput, NotFound
 from app.heads_store import HeadRecord
+from app.probe_requests import ready_dataset
 from app.probe_service import ProbeService
 from app.routes.features import check_texts, compute_features, json_response, require_json
-from app.routes.probes import get_service, ready_dataset
+from app.routes.probes import get_service
 from app.schemas import Pooling, error_responses
 from cache.views import parse_view
 

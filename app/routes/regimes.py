@@ -38,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from app.deps import AppState, get_state
 from app.errors import Conflict, InvalidInput, NotFound
 from app.routes.features import json_response, require_json
-from app.routes.probes import ready_dataset
+from app.probe_requests import ready_dataset
 from app.schemas import error_responses
 from cache.jobs import Job
 

@@ -150,3 +150,25 @@ def test_the_app_renders_the_plot_without_torch() -> None:
 def test_malformed_bodies_are_422(tiny_api: Any, body: dict[str, Any]) -> None:
     r = tiny_api.client.post("/v1/regimes", json=body)
     assert r.status_code == 422 and r.json()["type"] == "validation"
+
+
+def test_the_cli_prints_the_table_and_the_verdict(tiny_model_dir: str, tmp_path: Any,
+                                                  capsys: Any) -> None:
+    from app.cli import main
+
+    data = tmp_path / "s.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"{t}\tpos\n" for t in POS) +
+                    "".join(f"{t}\tneg\n" for t in NEG), encoding="utf-8")
+    code = main(["regimes", str(data), "--text-column", "sentence", "--label-column", "label",
+                 "--model", tiny_model_dir, "--device", "cpu", "--threads", "1",
+                 "--data-dir", str(tmp_path / "d"), "--regimes", "frozen,bitfit", "--seeds", "2",
+                 "--max-epochs", "1", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "p"),
+                 "--no-progress"])
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and "train size 14 (2 seeds" in out
+    best, cheap = result["best"], result["cheapest_within_one_std"]
+    assert f"verdict: best {best} (macro-F1 {result['regimes'][best]['macro_f1_mean']:.3f}" in out
+    assert f"cheapest within one std: {cheap} ({result['regimes'][cheap]['bytes_per_task']:,} bytes" in out
+    assert (tmp_path / "p" / "regimes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(list((tmp_path / "d" / "regimes").rglob("*.safetensors"))) == 3  # 2 bitfit + 1 frozen
