@@ -19,7 +19,7 @@ import sys
 __all__ = ["main"]
 
 # module names under app.commands, in the order `layerbank --help` lists them
-COMMANDS = ["extract", "features", "serve", "worker", "probe", "regimes", "info"]
+COMMANDS = ["extract", "features", "serve", "worker", "probe", "regimes"]
 
 
 def build_parser() -> argparse.ArgumentParser:
