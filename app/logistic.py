@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
-from scipy.special import expit, log_expit, logsumexp
+from scipy.special import expit, log_expit
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 
@@ -37,26 +37,52 @@ INNER_TOL_FACTOR = 10.0
 
 def _binary(theta: np.ndarray, Z: np.ndarray, y: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
     w, b = theta[:-1], theta[-1]
-    z = Z @ w + b
+    z = (Z @ w.astype(Z.dtype)).astype(np.float64) + b  # float32 Z: see _Multinomial
     # log(1 + e^z) - y z, written with log_expit so large |z| stays finite
     loss = float(np.mean(-log_expit(z) + (1.0 - y) * z)) + 0.5 * l2 * float(w @ w)
     g = (expit(z) - y) / len(y)
-    return loss, np.concatenate([Z.T @ g + l2 * w, [g.sum()]])
+    return loss, np.concatenate([Z.T @ g.astype(Z.dtype) + l2 * w, [g.sum()]])
 
 
-def _multinomial(theta: np.ndarray, Z: np.ndarray, y: np.ndarray, l2: float,
-                 k: int) -> tuple[float, np.ndarray]:
-    d = Z.shape[1]
-    W = theta.reshape(k, d + 1)
-    logits = Z @ W[:, :-1].T + W[:, -1]
-    log_norm = logsumexp(logits, axis=1)
-    n = len(y)
-    loss = float(np.mean(log_norm - logits[np.arange(n), y])) + 0.5 * l2 * float((W[:, :-1] ** 2).sum())
-    G = np.exp(logits - log_norm[:, None])
-    G[np.arange(n), y] -= 1.0
-    G /= n
-    grad = np.hstack([G.T @ Z + l2 * W[:, :-1], G.sum(axis=0)[:, None]])
-    return loss, grad.ravel()
+class _Multinomial:
+    """Softmax loss and gradient over one fixed (Z, y): the one-hot targets
+    and flat label indices are built once per fit, not once per L-BFGS step
+    (this is called ~30 times per fit, ~700 fits per probe sweep)."""
+
+    def __init__(self, Z: np.ndarray, y: np.ndarray, l2: float, k: int) -> None:
+        self.Z = Z
+        self.n, self.d = self.Z.shape
+        self.k, self.l2 = k, l2
+        self.Y = np.zeros((self.n, k))
+        self.Y[np.arange(self.n), y] = 1.0
+        self.at_label = np.arange(self.n) * k + y  # flat index of each row's label logit
+
+    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        n, d, k = self.n, self.d, self.k
+        W = theta.reshape(k, d + 1)
+        coef = W[:, :-1]
+        # the two products read all of Z, which dominates the time; with Z in
+        # float32 (inner-CV fits only) they read half the bytes. Everything
+        # else (softmax, loss, weights) stays float64.
+        logits = (self.Z @ coef.T.astype(self.Z.dtype)).astype(np.float64)
+        logits += W[:, -1]
+        # log-sum-exp by hand (scipy's re-checks and re-allocates on every
+        # call): shift by the row max, then P = exp(shifted) / row sum is the
+        # softmax, reused as the gradient below
+        logits -= logits.max(axis=1, keepdims=True)
+        P = np.exp(logits)
+        norm = P.sum(axis=1)
+        # CE_i = log(sum_j e^{s_ij}) - s_i,y  (s: shifted logits; the max cancels)
+        loss = (np.log(norm).sum() - logits.ravel()[self.at_label].sum()) / n
+        loss += 0.5 * self.l2 * float(np.vdot(coef, coef))
+        P /= norm[:, None]
+        P -= self.Y
+        P *= 1.0 / n
+        grad = np.empty((k, d + 1))
+        grad[:, :-1] = P.T.astype(self.Z.dtype) @ self.Z
+        grad[:, :-1] += self.l2 * coef
+        grad[:, -1] = P.sum(axis=0)
+        return float(loss), grad.ravel()
 
 
 def fit_logistic(Z: np.ndarray, y: np.ndarray, n_classes: int, C: float, *,
@@ -64,19 +90,26 @@ def fit_logistic(Z: np.ndarray, y: np.ndarray, n_classes: int, C: float, *,
                  tol: float = 1e-4) -> tuple[np.ndarray, int]:
     """Fit on ``Z`` [n, d] (float64) and class indices ``y`` (0..K-1).
 
+    A float32 ``Z`` (C-contiguous) makes the two products per step float32,
+    about half the time; the loss, gradient sums and weights stay float64.
+    ``fit_logistic_cv`` does that for its inner-CV fits only: they rank Cs at
+    a 10x looser tol, far above float32 rounding (~1e-7 relative).
+
     Returns ``(params, n_iter)``: ``params`` is [rows, d + 1] (weights then
     intercept; 1 row for two classes, else K), usable as ``start`` for a
     warm start at another C.
     """
     n, d = Z.shape
     rows = 1 if n_classes == 2 else n_classes
+    if Z.dtype != np.float32:
+        Z = np.ascontiguousarray(Z, dtype=np.float64)
     l2 = 1.0 / (C * n)
     theta0 = np.zeros(rows * (d + 1)) if start is None else np.asarray(start, np.float64).ravel()
     if rows == 1:
         args: tuple = (Z, y.astype(np.float64), l2)
         fun = _binary
     else:
-        args, fun = (Z, y, l2, rows), _multinomial  # type: ignore[assignment]
+        args, fun = (), _Multinomial(Z, y, l2, rows)  # type: ignore[assignment]
     result = minimize(fun, theta0, args=args, jac=True, method="L-BFGS-B",
                       options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
                                "ftol": 64 * np.finfo(float).eps})
@@ -91,7 +124,8 @@ def _log_loss(Z: np.ndarray, y: np.ndarray, params: np.ndarray) -> float:
     logits = Z @ params[:, :-1].T + params[:, -1]
     if logits.shape[1] == 1:
         logits = np.hstack([np.zeros_like(logits), logits])
-    return float((logsumexp(logits, axis=1) - logits[np.arange(len(y)), y]).sum())
+    logits -= logits.max(axis=1, keepdims=True)
+    return float((np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y]).sum())
 
 
 def fit_logistic_cv(Z: np.ndarray, y: np.ndarray, n_classes: int, Cs: tuple[float, ...], *,
@@ -113,7 +147,8 @@ def fit_logistic_cv(Z: np.ndarray, y: np.ndarray, n_classes: int, Cs: tuple[floa
     best_C, start = (grid[0] if len(grid) == 1 else 1.0), None
     if len(grid) > 1 and n_splits >= 2:
         splitter = StratifiedKFold(n_splits, shuffle=True, random_state=random_state)
-        folds = [(Z[tr], y[tr], Z[va], y[va]) for tr, va in splitter.split(Z, y)]
+        Z32 = Z.astype(np.float32)  # see fit_logistic: products in float32
+        folds = [(Z32[tr], y[tr], Z[va], y[va]) for tr, va in splitter.split(Z, y)]
         fold_params: list[Any] = [None] * n_splits  # each fold's fit at the previous C
         best_loss = np.inf
         for C in grid:

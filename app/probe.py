@@ -34,9 +34,13 @@ Example::
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -70,9 +74,22 @@ def _features(spec: str, states: np.ndarray) -> np.ndarray:
     return X.reshape(len(X), -1)  # all_layers is [n, H, d]
 
 
+# Worker threads of a parallel sweep mark themselves here; their fits record
+# ConvergenceWarnings into ``caught`` instead of using warnings.catch_warnings,
+# which swaps module-global state and so is not thread-safe.
+_thread = threading.local()
+
+
 def quiet_fit(head: Any, X: np.ndarray, y: np.ndarray) -> tuple[Any, list[str]]:
     """Fit ``head``; return it and its convergence warnings as text (reported
     once per (view, pooling) in the result instead of once per fold)."""
+    if getattr(_thread, "routed", False):  # inside _routed_warnings, on a worker thread
+        _thread.caught = []
+        try:
+            head.fit(X, y)
+            return head, _thread.caught
+        finally:
+            _thread.caught = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         head.fit(X, y)
@@ -82,28 +99,101 @@ def quiet_fit(head: Any, X: np.ndarray, y: np.ndarray) -> tuple[Any, list[str]]:
     return head, [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
 
 
+@contextmanager
+def _routed_warnings() -> Iterator[None]:
+    """For the duration (set up on the calling thread, once): a worker's
+    ConvergenceWarning goes to that worker's ``_thread.caught``; any other
+    warning is shown as usual."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ConvergenceWarning)
+        show = warnings.showwarning
+
+        def route(message: Any, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+            caught = getattr(_thread, "caught", None)
+            if caught is not None and issubclass(category, ConvergenceWarning):
+                caught.append(str(message))
+            else:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = route
+        yield
+
+
+def _mark_routed() -> None:
+    _thread.routed = True
+
+
 def _summary(values: list[float]) -> dict[str, Any]:
     return {"mean": float(np.mean(values)), "std": float(np.std(values)), "folds": [float(v) for v in values]}
 
 
-def _cross_validate(estimator: Any, X: np.ndarray, y: np.ndarray, folds: Folds,
-                    tick: Callable[[], None], keep: bool = False) -> dict[str, Any]:
-    """Fit a clone per fold; the same maths as cross_val_score(scoring=...)."""
-    acc, f1, seconds, warned, fitted = [], [], [], 0, []
-    for train, test in folds:
-        t0 = time.perf_counter()
-        model, messages = quiet_fit(clone(estimator), X[train], y[train])
-        seconds.append(time.perf_counter() - t0)
-        warned += bool(messages)
-        pred = model.predict(X[test])
-        acc.append(accuracy_score(y[test], pred))
-        f1.append(f1_score(y[test], pred, average="macro"))
-        fitted.append(model if keep else None)
-        tick()
-    out = {"accuracy": _summary(acc), "macro_f1": _summary(f1),
-           "fit_seconds": {"mean": float(np.mean(seconds)), "total": float(np.sum(seconds))},
-           "folds_not_converged": warned}
-    return out | ({"_models": fitted} if keep else {})
+def _fit_fold(estimator: Any, X: np.ndarray, y: np.ndarray, train: np.ndarray,
+              test: np.ndarray) -> tuple[float, float, float, list[str], Any]:
+    t0 = time.perf_counter()
+    model, messages = quiet_fit(clone(estimator), X[train], y[train])
+    seconds = time.perf_counter() - t0
+    pred = model.predict(X[test])
+    return (accuracy_score(y[test], pred), f1_score(y[test], pred, average="macro"), seconds,
+            messages, model)
+
+
+class _Fits:
+    """Runs fold fits, on ``n_jobs`` threads when > 1.
+
+    Threads, not processes: the fits spend their time in BLAS products and
+    numpy loops, which release the GIL; no data is copied or pickled. Each
+    fit is independent and deterministic (BLAS capped by ``threads``), so
+    the scores do not depend on ``n_jobs``.
+    """
+
+    def __init__(self, n_jobs: int, tick: Callable[[], None]) -> None:
+        self.tick = tick
+        self.pool = (ThreadPoolExecutor(n_jobs, thread_name_prefix="probe-fit", initializer=_mark_routed)
+                     if n_jobs > 1 else None)
+
+    def cross_validate(self, jobs: list[tuple[Any, np.ndarray, bool]], y: np.ndarray,
+                       folds: Folds) -> list[dict[str, Any]]:
+        """One score dict per (estimator, X, keep) in ``jobs``, each over all ``folds``;
+        the same maths as cross_val_score(scoring=...)."""
+        tasks = [(j, f) for j in range(len(jobs)) for f in range(len(folds))]
+        done: dict[tuple[int, int], Any] = {}
+        if self.pool is None:
+            for j, f in tasks:
+                done[j, f] = _fit_fold(jobs[j][0], jobs[j][1], y, *folds[f])
+                self.tick()
+        else:
+            futures = {self.pool.submit(_fit_fold, jobs[j][0], jobs[j][1], y, *folds[f]): (j, f)
+                       for j, f in tasks}
+            for future in as_completed(futures):
+                done[futures[future]] = future.result()
+                self.tick()
+        out = []
+        for j, (_, _, keep) in enumerate(jobs):
+            acc, f1, seconds, messages, models = zip(*(done[j, f] for f in range(len(folds))))
+            scores = {"accuracy": _summary(list(acc)), "macro_f1": _summary(list(f1)),
+                      "fit_seconds": {"mean": float(np.mean(seconds)), "total": float(np.sum(seconds))},
+                      "folds_not_converged": sum(bool(m) for m in messages)}
+            out.append(scores | ({"_models": list(models)} if keep else {}))
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+@contextmanager
+def _closing(fits: _Fits) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        fits.close()
+
+
+def default_jobs() -> int:
+    """Fit threads when ``n_jobs`` is None: the cores this process may use, at most 2."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
 
 
 def _estimator(spec: str, head: str, seed: int) -> Any:
@@ -131,7 +221,8 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
               cv: int = 5, seed: int = 0, control_task: bool = True, learning_curve: bool = True,
               train_sizes: Sequence[int] = (50, 100, 200, 500, 1000),
               model_info: dict[str, Any] | None = None,
-              progress: Callable[[int, int], None] | None = None, threads: int | None = 1) -> dict[str, Any]:
+              progress: Callable[[int, int], None] | None = None, threads: int | None = 1,
+              n_jobs: int | None = None) -> dict[str, Any]:
     """Cross-validate ``head`` on every (view, pooling); see the module docstring.
 
     ``progress(done, total)`` is called after every fit; ``total`` is fixed
@@ -139,6 +230,9 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     ``threads`` caps BLAS threads while fitting: these matrices are small, and
     on a shared 2-core machine oversubscribed OpenBLAS threads made a fit ~10x
     slower than one thread. ``None`` keeps the library default.
+    ``n_jobs`` fits run at once, on threads (None: ``default_jobs()``, the
+    usable cores up to 2; 1: in the calling thread). Scores do not depend on
+    it. Keep ``n_jobs * threads`` within the cores.
 
     Returns a dict with keys:
 
@@ -186,13 +280,18 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     results: list[dict[str, Any]] = []
     mixes: dict[str, Any] = {}
     warned: list[str] = []
-    with threadpool_limits(limits=threads):
+    jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
+    fits = _Fits(jobs, tick)
+    with threadpool_limits(limits=threads), _routed_warnings(), _closing(fits):
         for i, pooling in enumerate(poolings):
             states = first if i == 0 else load(pooling)
-            for spec in specs:
+            # every view of this pooling at once (fits across views keep both
+            # threads busy); one pooling's states in memory at a time
+            all_scores = fits.cross_validate(
+                [(_estimator(spec, head, seed), _features(spec, states), spec == "scalar_mix") for spec in specs],
+                y, folds)
+            for spec, scores in zip(specs, all_scores):
                 entry = {"view": spec, "pooling": pooling, "layer": single_layer(spec, n_states)}
-                X = _features(spec, states)
-                scores = _cross_validate(_estimator(spec, head, seed), X, y, folds, tick, keep=spec == "scalar_mix")
                 if spec == "scalar_mix":
                     weights = np.array([m.layer_weights_ for m in scores.pop("_models")])
                     full = fit_head(states, y, "scalar_mix", seed=seed, threads=threads)
@@ -212,9 +311,9 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
         best_states = first if best["pooling"] == poolings[0] else load(best["pooling"])
         del first
         task = {r["view"]: r["accuracy"]["mean"] for r in results if r["pooling"] == best["pooling"]}
-        control = (_control_task(best_states, y, best, singles, task, head, seed, cv, tick)
+        control = (_control_task(best_states, y, best, singles, task, head, seed, cv, tick, fits)
                    if control_task else None)
-        curve = _learning_curve(best_states, y, best, sizes, folds, head, seed, tick) if learning_curve else None
+        curve = _learning_curve(best_states, y, best, sizes, folds, head, seed, fits) if learning_curve else None
     tick(total - done)
     return {
         "task": {"n_examples": len(y), "classes": [c.item() for c in classes],
@@ -237,7 +336,7 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
 
 def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singles: list[str],
                   task: dict[str, float], head: str, seed: int, cv: int,
-                  tick: Callable[..., None]) -> dict[str, Any]:
+                  tick: Callable[..., None], fits: _Fits) -> dict[str, Any]:
     """Same probe on labels permuted once with ``seed`` (same class counts).
 
     ``task`` maps each view of the best pooling to its task accuracy.
@@ -246,8 +345,9 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
     folds = list(StratifiedKFold(cv, shuffle=True, random_state=seed).split(np.zeros(len(y)), y_control))
     specs = singles + ([best["view"]] if best["view"] not in singles else [])
     rows = []
-    for spec in specs:
-        scores = _cross_validate(_estimator(spec, head, seed), _features(spec, states), y_control, folds, tick)
+    all_scores = fits.cross_validate([(_estimator(spec, head, seed), _features(spec, states), False)
+                                      for spec in specs], y_control, folds)
+    for spec, scores in zip(specs, all_scores):
         control = scores["accuracy"]["mean"]
         rows.append({"view": spec, "pooling": best["pooling"], "layer": single_layer(spec, states.shape[1]),
                      "task_accuracy": task[spec], "control_accuracy": control,
@@ -261,7 +361,7 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
 
 
 def _learning_curve(states: np.ndarray, y: np.ndarray, best: dict[str, Any], sizes: list[int],
-                    folds: Folds, head: str, seed: int, tick: Callable[..., None]) -> dict[str, Any]:
+                    folds: Folds, head: str, seed: int, fits: _Fits) -> dict[str, Any]:
     """Stratified subsamples of each training fold, scored on the held-out fold."""
     X = _features(best["view"], states)
     estimator = _estimator(best["view"], head, seed)
@@ -269,7 +369,7 @@ def _learning_curve(states: np.ndarray, y: np.ndarray, best: dict[str, Any], siz
     for size in sizes:
         sub = [(train_test_split(train, train_size=size, stratify=y[train], random_state=seed)[0], test)
                for train, test in folds]
-        scores = _cross_validate(estimator, X, y, sub, tick)
+        scores = fits.cross_validate([(estimator, X, False)], y, sub)[0]
         points.append({"train_size": size, "label": str(size), "accuracy": scores["accuracy"],
                        "macro_f1": scores["macro_f1"]})
     points.append({"train_size": int(np.mean([len(t) for t, _ in folds])), "label": "all",

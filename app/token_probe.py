@@ -20,7 +20,9 @@ is a cache.views spec (``layer:-2``, ``concat_last_4``, ``mean_all``,
 ``weighted:...``, ``all_layers`` flattened), or ``"scalar_mix"``: a learned
 ELMo mix of all hidden states fitted jointly with the linear head
 (app.scalar_mix.ScalarMixHead with ``Cs=(C,)``: the same C as the other
-views, not chosen by inner CV); its row adds ``mix`` = {"layer_weights"
+views, not chosen by inner CV; at most ``mix_rounds`` rounds of its
+alternating fit, each about one logistic fit: on 20k words a full 30 rounds
+took 20 minutes on 2 busy cores); its row adds ``mix`` = {"layer_weights"
 (softmax, sums to 1), "gamma", "weighted_view" (the ``weighted:...`` spec that
 reproduces the mix up to a shift), "rounds"}; other rows have ``mix`` None.
 
@@ -161,7 +163,7 @@ def control_tags(words: Sequence[str], tag_counts: dict[str, int] | Counter[str]
 
 def _fit_predict(
     x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, *, seed: int, max_iter: int, c: float,
-    mix: bool = False,
+    mix: bool = False, mix_rounds: int = 10,
 ) -> tuple[np.ndarray, float, bool, Any]:
     """Predictions on x_valid, fit seconds, converged, and the fitted head (None if not fitted)."""
     classes = np.unique(y_train)
@@ -173,7 +175,7 @@ def _fit_predict(
     if mix:
         # One C, as for the other views (no inner CV): the head's logistic
         # regression at the uniform mix is then the mean_all row's, up to scaling.
-        head = ScalarMixHead(Cs=(c,), random_state=seed)
+        head = ScalarMixHead(Cs=(c,), random_state=seed, max_iter=mix_rounds)
     else:
         head = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
     with warnings.catch_warnings(record=True) as caught:
@@ -203,6 +205,7 @@ def run_token_probe(
     seed: int = 0,
     control_task: bool = True,
     max_iter: int = 200,
+    mix_rounds: int = 10,
     C: float = 1.0,
     span_f1: bool = True,
 ) -> dict[str, Any]:
@@ -250,7 +253,7 @@ def run_token_probe(
             x_tr = view.apply(x_tr_all).reshape(x_tr_all.shape[0], -1)
             x_va = view.apply(x_va_all).reshape(x_va_all.shape[0], -1)
         pred, seconds, converged, head = _fit_predict(
-            x_tr, tr_tags[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix
+            x_tr, tr_tags[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds
         )
         predicted = _split(full_prediction(pred), valid.tags)
         row: dict[str, Any] = {"view": name}
@@ -275,7 +278,7 @@ def run_token_probe(
         row.update(control_accuracy=None, selectivity=None, control_fit_seconds=None)
         if control_task:
             c_pred, c_seconds, c_converged, _ = _fit_predict(
-                x_tr, ctl_tr[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix
+                x_tr, ctl_tr[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds
             )
             c_acc = float(np.mean(full_prediction(c_pred) == ctl_va)) if ctl_va.size else 0.0
             row.update(

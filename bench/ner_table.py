@@ -93,6 +93,8 @@ def main() -> int:
                     help="seeded subset of train.txt sentences, or 'all' (default 1500)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-iter", type=int, default=200, help="lbfgs iterations of each linear head")
+    ap.add_argument("--mix-rounds", type=int, default=10,
+                    help="rounds of the learned scalar mix's alternating fit (each ~ one logistic fit)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--views", nargs="+", default=[v for v, _, _ in PAPER])
     ap.add_argument("--mode", choices=("first", "mean"), default="first")
@@ -148,7 +150,7 @@ def main() -> int:
         for view in args.views:
             t0 = time.perf_counter()
             res = run_token_probe(train_ws, valid_ws, views=[view], control_task=False,
-                                  max_iter=args.max_iter, seed=args.seed)
+                                  max_iter=args.max_iter, mix_rounds=args.mix_rounds, seed=args.seed)
             row = res["rows"][0]
             rows.append(row)
             print(f"  {view:<14} F1 {100 * row['f1']:5.1f}  ({time.perf_counter() - t0:.0f} s"
@@ -162,7 +164,7 @@ def main() -> int:
         "model": enc.info, "extraction_config": json.loads(cfg.canonical()),
         "train_sentences": len(train), "train_subset_seed": None if picked is None else args.seed,
         "valid_sentences": len(valid), "n_words": n_words, "word_mode": args.mode,
-        "max_iter": args.max_iter, "extraction": extraction, "word_states_seconds": read_seconds,
+        "max_iter": args.max_iter, "mix_rounds": args.mix_rounds, "extraction": extraction, "word_states_seconds": read_seconds,
         "rows": rows, "paper": {v: {"name": n, "f1": f} for v, n, f in PAPER},
         "paper_fine_tune": FINE_TUNE[1], "total_seconds": time.perf_counter() - t_start,
     }
