@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install '.[ray]'")
+import ray as ray
 
 from cache.datasets import DatasetStore
 from cache.store import FeatureStore

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install '.[ray]'")
+import ray as ray
 
 from ray.cluster_utils import Cluster
 

