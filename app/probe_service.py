@@ -139,10 +139,22 @@ class ProbeService:
                 log.warning("job %s: the server running it died; requeued", job_id)
 
     # -- submitting -----------------------------------------------------------------
+    def check_room(self) -> None:
+        """429 (Overloaded) when ``max_queue_depth`` probe/head jobs already wait: a
+        client submitting faster than the pool fits heads must hear it, not grow a backlog."""
+        from app.errors import Overloaded
+
+        limit = self.settings.max_queue_depth
+        if self.queue.queued(JOB_KINDS) >= limit:
+            raise Overloaded(f"overloaded: {limit} probe and head jobs are already queued "
+                             "(max_queue_depth); retry when one has started",
+                             limit="max_queue_depth", headers={"Retry-After": "5"})
+
     def submit(self, kind: str, payload: dict[str, Any], job_id: str | None = None) -> str:
         """Queue a job; the dispatcher picks it up within milliseconds."""
         if kind not in JOB_KINDS:
             raise ValueError(f"not a probe job kind: {kind!r}")
+        self.check_room()
         job_id = self.queue.submit(kind, payload, job_id=job_id or uuid.uuid4().hex[:16],
                                    max_attempts=self.settings.max_attempts)
         if self._loop is not None and self._wake is not None:

@@ -123,6 +123,7 @@ def _register(state: AppState, service: ProbeService, req: HeadCreate) -> HeadRe
     name = req.name or f"{head} on {view}, {pooling} pooling, {ds.name}"
     if any(ord(c) < 32 for c in name):
         raise InvalidInput("name: control characters are not allowed", field="name")
+    service.check_room()  # before the head's record: a refused head leaves nothing behind
     job_id, head_id = uuid.uuid4().hex[:16], service.heads.new_id()
     rec = service.heads.create(name=name, job_id=job_id, dataset_id=ds.id, head=head, view=view,
                                pooling=pooling, fingerprint=str(ds.meta.get("fingerprint", "")),

@@ -34,6 +34,7 @@ def test_bounded_load_no_5xx_429_on_overload_memory_flat(rel_server: ServerProce
                                        server_pid=rel_server.proc.pid,  # type: ignore[union-attr]
                                        worker_pid=rel_server.worker_pid(), text_offset=2000))
     print("\n" + report.summary())
+    print("API RSS (MB), one sample a second after warm-up:", report.rss_api_mb)
     print(json.dumps({"rps": round(report.rps, 1), "p99_ms": round(report.p99_ms, 1)}))
     assert report.errors == [], report.errors
     assert report.server_errors == 0

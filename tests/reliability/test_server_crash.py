@@ -1,6 +1,6 @@
 """``layerbank serve`` SIGKILLed during dataset uploads and a running job.
 
-One server, killed once while (a) a 6,000-text extraction job runs, (b) a
+One server, killed once while (a) a 3,000-text extraction job runs, (b) a
 multipart upload is half-sent and (c) small JSON uploads arrive back to back.
 While it is down, a crash's leftovers are planted (a temporary shard file, a
 shard renamed but never committed) and one committed shard is damaged at rest.
@@ -106,7 +106,7 @@ def _features_b64(server: ServerProcess, texts: list[str]) -> tuple[np.ndarray, 
 
 def test_server_killed_mid_upload_and_mid_job_loses_nothing(
         tmp_path: Path, tiny_model_dir: str, tiny_server_factory) -> None:  # type: ignore[no-untyped-def]
-    big = phrases(6000, 22000)
+    big = phrases(3000, 22000)
     ref: dict[str, Any] = {}
 
     def clean_run() -> None:
