@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
 MIX = {"cached": 0.50, "miss": 0.20, "dataset": 0.10, "probe": 0.05, "read": 0.15}
 
-__all__ = ["LoadReport", "run_load", "rss_bytes", "main"]
+__all__ = ["LoadReport", "main", "rss_bytes", "run_load"]
 
 
 def rss_bytes(pid: int) -> int:
@@ -68,7 +68,7 @@ def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 @dataclass
@@ -97,10 +97,10 @@ class LoadReport:
             and self.memory_growth <= 0.10 and self.missing_retry_after == 0
 
     def summary(self) -> str:
-        lines = [f"{self.clients} clients, {self.duration_s:.0f} s: {self.requests} requests, "
-                 f"{self.rps:.1f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms",
-                 f"statuses {dict(sorted(self.statuses.items()))}; 5xx {self.server_errors}, "
-                 f"429 {self.overloaded}, timeouts {self.timeouts}, transport errors {self.transport_errors}",
+        lines = [(f"{self.clients} clients, {self.duration_s:.0f} s: {self.requests} requests, "
+                  f"{self.rps:.1f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms"),
+                 (f"statuses {dict(sorted(self.statuses.items()))}; 5xx {self.server_errors}, "
+                  f"429 {self.overloaded}, timeouts {self.timeouts}, transport errors {self.transport_errors}"),
                  f"probes: {self.probes}"]
         for kind, d in self.by_kind.items():
             lines.append(f"  {kind:8s} n={d['n']:6d}  p50 {d['p50_ms']:8.1f} ms  p99 {d['p99_ms']:8.1f} ms"
@@ -225,9 +225,8 @@ async def run_load(url: str, *, duration_s: float = 60.0, clients: int = 32, war
                     if "retry-after" not in r.headers:
                         missing_retry_after += 1
                     await asyncio.sleep(rng.uniform(0.01, 0.05))
-                elif r.status_code >= 500 or r.status_code not in _EXPECTED[kind]:
-                    if len(errors) < 20:
-                        errors.append(f"{kind}: {r.status_code} {r.text[:300]}")
+                elif (r.status_code >= 500 or r.status_code not in _EXPECTED[kind]) and len(errors) < 20:
+                    errors.append(f"{kind}: {r.status_code} {r.text[:300]}")
 
         await asyncio.gather(sample_memory(), *(client(i) for i in range(clients)))
         elapsed = time.monotonic() - start
@@ -295,9 +294,9 @@ def _start_server(data_dir: Path, model: str | None, queue_depth: int) -> tuple[
     env.update({"LAYERBANK_LOG_LEVEL": "WARNING", "LAYERBANK_MAX_QUEUE_DEPTH": str(queue_depth)})
     if model:
         env["LAYERBANK_MODEL"] = model
-    log = open(data_dir.parent / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data_dir),
-                             "--port", "0"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(data_dir.parent / "server.log", "wb") as log:  # the child keeps its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data_dir),
+                                 "--port", "0"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -323,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-depth", type=int, default=8,
                     help="max_queue_depth of the server this starts (small: overload shows as 429)")
     ap.add_argument("--api-key")
-    ap.add_argument("--mix", help='request mix as JSON, e.g. \'{"cached": 1}\' (default: %s)' % json.dumps(MIX))
+    ap.add_argument("--mix", help=f"request mix as JSON, e.g. '{{\"cached\": 1}}' (default: {json.dumps(MIX)})")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
     proc = None

@@ -21,10 +21,10 @@ import errno
 import re
 import resource
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-__all__ = ["ShardWriteError", "estimate_bytes", "check_room", "as_write_error"]
+__all__ = ["ShardWriteError", "as_write_error", "check_room", "estimate_bytes"]
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _PER_CHUNK = 96  # fletcher32 checksum + B-tree entry, rounded up
@@ -61,7 +61,7 @@ def _size(n: float) -> str:
 
 
 def _shard_name(path: Path) -> str:
-    return path.name[: -len(".tmp")] if path.name.endswith(".tmp") else path.name
+    return path.name.removesuffix(".tmp")
 
 
 def _message(code: int, path: Path, need: int) -> str:

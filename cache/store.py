@@ -40,7 +40,7 @@ __all__ = ["FeatureStore", "ReadResult"]
 log = logging.getLogger("layerbank.store")
 # cached read handles per process: an open HDF5 file costs ~0.5 MB of memory whatever
 # its size (the library's metadata cache), and serving makes many small shards
-_MAX_OPEN = 64
+_MAX_OPEN = 32
 
 
 class ReadResult:

@@ -19,30 +19,14 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-
-# Two process-wide defaults for the CPU, set before torch loads its libraries
-# (a user's own values win; no effect where torch was imported, or oneDNN used,
-# before this module):
-# - libgomp (torch's OpenMP) reads OMP_WAIT_POLICY once: threads waiting at the
-#   end of a parallel region sleep instead of spinning. On cores shared with
-#   other work a spinning thread takes the CPU its partner needs: measured on 2
-#   shared cores at load ~8, 2 threads ran 2.1x slower than 1 when spinning, as
-#   fast as 1 when passive.
-# - oneDNN keeps every primitive it builds, keyed by tensor shape, up to 1,024
-#   (CPU GELU is one, bf16 matrix products others). Length-sorted batches have
-#   a new shape nearly every batch, so the cache only grows: +1.1 GiB of RSS
-#   over 10,000 texts. 16 keeps one batch's primitives and bounds the rest.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
-
-import torch  # noqa: E402
+import torch
 
 from cache.fingerprint import default_model_path, model_fingerprint
 from cache.keys import ExtractionConfig

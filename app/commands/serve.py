@@ -96,8 +96,8 @@ def _few_malloc_arenas(n: int = 2) -> None:
 
     Each request thread otherwise gets its own arena, and memory freed in one
     (HDF5 handles opened and closed, rows read) is not reused by the others:
-    under load the API's resident memory grew ~90% in a minute with the
-    default, ~15% with 2 arenas (docs/reliability.md).
+    under a minute of misses the API's resident memory grew ~90% with the
+    default and ~20% with 2 arenas (docs/reliability.md).
     """
     try:
         ctypes.CDLL("libc.so.6").mallopt(-8, n)  # M_ARENA_MAX

@@ -24,8 +24,9 @@ Every server here listens on 127.0.0.1 and runs its worker with one thread.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

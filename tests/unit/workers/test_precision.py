@@ -123,3 +123,32 @@ def test_bf16_rows_of_the_bundled_model_are_within_the_documented_tolerance(tmp_
         store.close()
     finally:
         torch.set_num_threads(threads)
+
+
+def test_rows_past_float16_range_are_refused_not_stored_as_inf(
+        tiny_encoder: Encoder, store: FeatureStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pooled rows are cast to the float16 storage dtype in extraction (a fast
+    # torch cast); a value past 65,504 must still be refused by the writer
+    from cache.shard import StorageRangeError
+
+    real = tiny_encoder.encode
+
+    def huge(batch, want_tokens=False):  # type: ignore[no-untyped-def]
+        out = real(batch, want_tokens=want_tokens)
+        out.pooled["max"][0, -1, 0] = 70_000.0
+        return out
+
+    monkeypatch.setattr(tiny_encoder, "encode", huge)
+    with pytest.raises(StorageRangeError, match="overflow float16"):
+        extract(["a text", "another text"], store, tiny_encoder, job_id="big")
+    assert store.catalog.stats()["keys"] == 0
+    # just under the limit is stored, rounded as float16 rounds it (65,000 -> 64,992)
+    monkeypatch.setattr(tiny_encoder, "encode", lambda b, want_tokens=False: _with_max(real(b), 65_000.0))
+    s = extract(["a text", "another text"], store, tiny_encoder, job_id="ok")
+    rows = store.read_pooled(s.keys, "max").data
+    assert rows[:, -1, 0].max() == 64_992.0 and np.isfinite(rows).all()
+
+
+def _with_max(out, value: float):  # type: ignore[no-untyped-def]
+    out.pooled["max"][0, -1, 0] = value
+    return out
