@@ -20,8 +20,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -34,9 +35,21 @@ SHARED = ROOT.parent / "shared" / "data"
 AGNEWS = SHARED / "agnews" / "dev.tsv"
 SST2_TEST = SHARED / "sst2" / "test.tsv"
 
-__all__ = ["ROOT", "AGNEWS", "SST2_TEST", "read_tsv", "alternate", "Timer", "environment",
-           "write_json", "bert_flops_per_text", "matmul_flops_per_second", "load_model_path",
-           "quiet_transformers", "time_extraction"]
+__all__ = [
+    "AGNEWS",
+    "ROOT",
+    "SST2_TEST",
+    "Timer",
+    "alternate",
+    "bert_flops_per_text",
+    "environment",
+    "load_model_path",
+    "matmul_flops_per_second",
+    "quiet_transformers",
+    "read_tsv",
+    "time_extraction",
+    "write_json",
+]
 
 
 def read_tsv(path: str | os.PathLike[str], n: int | None = None, header: bool = False,
@@ -97,7 +110,7 @@ def time_extraction(texts: list[str], enc: Any, real_tokens: int, max_tokens: in
             timer.wrap(enc, "tokenize", "tokenize")
             timer.wrap(enc, "encode", "forward_pool")
             timer.wrap(store, "write", "hdf5_write")
-            kw = {} if max_tokens is None else {"max_tokens": max_tokens}
+            kw: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
             try:
                 c0, t0 = time.process_time(), time.perf_counter()
                 s = extract(texts, store, enc, job_id="bench", **kw)

@@ -31,6 +31,7 @@ Run from the repository root::
 Writes bench/out/extract.json (``--json``).
 """
 
+# isort: skip_file  (the order matters: workers must load before torch, see below)
 from __future__ import annotations
 
 import argparse
@@ -40,22 +41,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (AGNEWS, ROOT, alternate, bert_flops_per_text, environment,  # noqa: E402
+from common import (AGNEWS, ROOT, alternate, bert_flops_per_text, environment,
                     load_model_path, matmul_flops_per_second, quiet_transformers, read_tsv,
                     time_extraction, write_json)
 
-from cache.store import FeatureStore  # noqa: E402
-from workers.encoder import Encoder, set_threads  # noqa: E402  (sets OMP_WAIT_POLICY first)
-from workers.extract import extract  # noqa: E402
-from workers.precision import autocast_dtype  # noqa: E402
+# repo modules before numpy/torch: importing workers sets the OpenMP and oneDNN
+# defaults (workers/__init__.py), which only work before torch loads
+from cache.store import FeatureStore
+from workers.encoder import Encoder, set_threads
+from workers.extract import extract
+from workers.precision import autocast_dtype
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def hf_loop_run(texts: list[str], model: Any, tok: Any, device: torch.device, precision: str,
@@ -230,7 +234,7 @@ def main() -> None:
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         print(f"\npeak memory: extracting {args.rss_texts:,} texts in a fresh process ...", flush=True)
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
         if out.returncode != 0:
             print(out.stderr[-3000:])
             raise SystemExit("the memory run failed")

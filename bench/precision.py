@@ -22,6 +22,7 @@ Run from the repository root::
 Writes bench/out/precision.json (``--json``).
 """
 
+# isort: skip_file  (the order matters: workers must load before torch, see below)
 from __future__ import annotations
 
 import argparse
@@ -33,18 +34,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (AGNEWS, ROOT, SST2_TEST, alternate, environment, load_model_path,  # noqa: E402
+from common import (AGNEWS, ROOT, SST2_TEST, alternate, environment, load_model_path,
                     matmul_flops_per_second, quiet_transformers, read_tsv, time_extraction,
                     write_json)
 
-from cache.shard import POOLINGS  # noqa: E402
-from cache.store import FeatureStore  # noqa: E402
-from workers.encoder import Encoder, set_threads  # noqa: E402  (sets OMP_WAIT_POLICY first)
-from workers.extract import extract  # noqa: E402
-from workers.precision import autocast_dtype  # noqa: E402
+# repo modules before numpy/torch: importing workers sets the OpenMP and oneDNN
+# defaults (workers/__init__.py), which only work before torch loads
+from cache.shard import POOLINGS
+from cache.store import FeatureStore
+from workers.encoder import Encoder, set_threads
+from workers.extract import extract
+from workers.precision import autocast_dtype
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def stored_rows(texts: list[str], encoders: dict[str, Encoder]) -> dict[str, dict[str, np.ndarray]]:

@@ -13,8 +13,8 @@ Two ways to cut the sorted texts:
   quarter padding.
 - ``min_padding_batches``: the cut that minimises padded tokens plus a fixed
   cost per batch (a forward pass's overhead, in tokens), under the same
-  budget. Extraction uses this one: on 1,000 AG News texts it pads 3% where
-  the greedy cut of the same budget pads 22%.
+  budget. Extraction uses this one: on 1,000 AG News texts (budget 16,384)
+  2% of its padded tokens are padding, against 22% for the greedy cut.
 
 Example::
 
@@ -26,11 +26,11 @@ Example::
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["token_budget_batches", "min_padding_batches", "batch_cost_tokens"]
+__all__ = ["batch_cost_tokens", "min_padding_batches", "token_budget_batches"]
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int,

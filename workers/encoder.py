@@ -5,8 +5,11 @@ pooled on the device.
 returns, for every hidden state h_0..h_L, the mean (over real tokens), cls
 (first token) and max pooled vectors as float32 numpy arrays, and the
 token-level states when asked. Pooling runs on the device in float32
-accumulation whatever the compute precision, so only [n, H, d] crosses to the
-host, not [n, H, t, d].
+accumulation whatever the compute precision, one hidden state at a time
+(``pool_hidden_states``), so only [n, H, d] crosses to the host, not
+[n, H, t, d]. On CUDA the model uses SDPA attention, runs under bf16/fp16
+autocast when the precision says so, and ids go in and pooled rows come out
+through pinned host memory (one synchronisation per batch).
 
 Example::
 
@@ -22,8 +25,9 @@ import contextlib
 import dataclasses
 import itertools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +38,7 @@ from cache.shard import POOLINGS, TokenRows
 
 from .precision import autocast_dtype, precision_table, resolve_precision
 
-__all__ = ["Encoder", "Tokenized", "Encoded", "ModelLoadError", "pool_hidden_states", "set_threads"]
+__all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
 
 
 class ModelLoadError(RuntimeError):
@@ -78,7 +82,7 @@ class Encoder:
     @classmethod
     def load(cls, name_or_path: str | None = None, *, device: str = "auto", precision: str = "default",
              max_length: int | None = None, storage_dtype: str = "float16",
-             truncation_side: str = "right", trust_remote_code: bool = False) -> "Encoder":
+             truncation_side: str = "right", trust_remote_code: bool = False) -> Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         name = name_or_path or default_model_path()
@@ -115,7 +119,7 @@ class Encoder:
                 "precision_modes": precision_table(dev), "storage_dtype": storage_dtype}
         return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info)
 
-    def with_precision(self, precision: str) -> "Encoder":
+    def with_precision(self, precision: str) -> Encoder:
         """This encoder computing at another precision: same weights, same
         tokenizer (only autocast changes), its own config and so its own keys.
 
@@ -208,7 +212,6 @@ class Encoder:
         host.copy_(x, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
         return host.numpy()
-
 
 
 def pool_hidden_states(hidden_states: Sequence[torch.Tensor], mask: torch.Tensor,

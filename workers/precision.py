@@ -32,8 +32,13 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["resolve_precision", "precision_table", "autocast_dtype", "cpu_has_fast_bf16",
-           "PRECISION_CHOICES"]
+__all__ = [
+    "PRECISION_CHOICES",
+    "autocast_dtype",
+    "cpu_has_fast_bf16",
+    "precision_table",
+    "resolve_precision",
+]
 
 PRECISION_CHOICES = ("default", "auto", "fp32", "bf16", "fp16")
 _FAST_BF16_FLAGS = {"amx_bf16", "avx512_bf16"}

@@ -119,7 +119,7 @@ def test_bf16_rows_of_the_bundled_model_are_within_the_documented_tolerance(tmp_
             rel = np.linalg.norm(y - x, axis=-1) / np.linalg.norm(x, axis=-1)
             assert rel.max() < BF16_MAX_RELATIVE, (pooling, float(rel.max()))
             assert np.median(rel) < BF16_MEDIAN_RELATIVE, (pooling, float(np.median(rel)))
-            assert rel.max() > 1e-3, pooling  # bf16 really ran: fp16 storage alone is ~1e-4
+            assert rel.max() > 1e-3, pooling  # bf16 really ran: float16 storage alone is <= 4e-4
         store.close()
     finally:
         torch.set_num_threads(threads)
