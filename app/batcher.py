@@ -34,13 +34,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import ExtractionFailed, Overloaded, Timeout
+from app.errors import ApiError, ExtractionFailed, InsufficientStorage, Overloaded, Timeout
 from cache.jobs import JobQueue
 
-__all__ = ["ENCODE_PRIORITY", "BatchStats", "Batcher"]
+__all__ = ["ENCODE_PRIORITY", "BatchStats", "Batcher", "failure"]
 
 ENCODE_PRIORITY = 100  # workers.jobs_registry.ENCODE_PRIORITY (app/ does not import workers/)
 log = logging.getLogger("layerbank.api")
+
+
+def failure(error: str) -> ApiError:
+    """The HTTP error for a failed encode job's message.
+
+    A full disk is the operator's to fix and the request may be sent again
+    unchanged, so it is a 507, not a 500 (the worker's ``ShardWriteError``
+    message names the shard, the bytes needed and what to do).
+    """
+    if error.startswith("ShardWriteError: "):
+        return InsufficientStorage(f"extraction failed: {error.removeprefix('ShardWriteError: ')}")
+    return ExtractionFailed(f"extraction failed: {error}")
 
 
 @dataclass
@@ -172,7 +184,7 @@ class Batcher:
             if error is None:
                 w.future.set_result(None)
             else:
-                w.future.set_exception(ExtractionFailed(f"extraction failed: {error}"))
+                w.future.set_exception(failure(error))
 
     async def _wait(self, job_id: str) -> str | None:
         deadline = time.monotonic() + self.timeout_s

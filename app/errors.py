@@ -19,7 +19,8 @@ for every subclass)::
     ├── Overloaded                429 overloaded     (names the limit; Retry-After)
     ├── ExtractionFailed          500 extraction_failed
     ├── NotReady                  503 not_ready
-    └── Timeout                   504 timeout
+    ├── Timeout                   504 timeout
+    └── InsufficientStorage       507 insufficient_storage (the disk is full)
 
 Foreign errors are translated here, at the boundary, by handlers registered
 on their base classes: FastAPI's ``RequestValidationError`` (including
@@ -52,6 +53,7 @@ __all__ = [
     "BadRequest",
     "Conflict",
     "ExtractionFailed",
+    "InsufficientStorage",
     "InvalidInput",
     "NotFound",
     "NotReady",
@@ -71,6 +73,7 @@ STATUS_TYPES: dict[int, str] = {
     400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
     405: "method_not_allowed", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
     422: "validation", 429: "overloaded", 500: "internal", 503: "not_ready", 504: "timeout",
+    507: "insufficient_storage",
 }
 
 
@@ -130,6 +133,14 @@ class NotReady(ApiError):
 
 class Timeout(ApiError):
     status, type = 504, "timeout"
+
+
+class InsufficientStorage(ApiError):
+    """The worker could not write a shard: disk full, quota, or file-size limit.
+
+    Not the request's fault and not a bug: the operator frees space and the
+    same request then succeeds (nothing was committed)."""
+    status, type = 507, "insufficient_storage"
 
 
 def error_body(message: str, type_: str, **extra: Any) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings", "DEFAULT_DATA_DIR"]
+__all__ = ["DEFAULT_DATA_DIR", "Settings", "get_settings"]
 
 DEFAULT_DATA_DIR = Path("layerbank-data")
 
@@ -28,8 +28,6 @@ class Settings(BaseSettings):
 
     # the encoder and what changes the stored numbers
     model: str | None = Field(None, description="model name or path; empty = embedded all-MiniLM-L6-v2")
-    allowed_models: Annotated[list[str], NoDecode] = Field(default_factory=list,
-                                      description="models a request may name besides the default")
     device: str = "auto"
     precision: Literal["default", "auto", "fp32", "bf16", "fp16"] = "default"
     max_length: int | None = Field(None, ge=2)
@@ -37,7 +35,8 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
 
     # batching
-    max_tokens_per_batch: int = Field(16384, ge=64)
+    max_tokens_per_batch: int | None = Field(
+        None, ge=64, description="padded tokens per encoder batch (default: 4096 on CPU, 16384 on CUDA)")
     part_size: int = Field(2048, ge=1, description="texts per shard")
     batch_window_ms: float = Field(5.0, ge=0, le=1000)
 
@@ -69,13 +68,6 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, v: object) -> object:
         return None if v == "" else v
-
-    @field_validator("allowed_models", mode="before")
-    @classmethod
-    def _split_list(cls, v: object) -> object:
-        if isinstance(v, str):
-            return [x.strip() for x in v.split(",") if x.strip()]
-        return v
 
     def extraction_options(self) -> dict[str, object]:
         """What the encoder needs to reproduce the same keys."""

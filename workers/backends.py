@@ -65,7 +65,7 @@ class EmbeddedBackend:
     name = "embedded"
 
     def __init__(self, store: FeatureStore, encoder: Encoder, *, part_size: int = 2048,
-                 max_tokens: int = 16384) -> None:
+                 max_tokens: int | None = None) -> None:
         self.store = store
         self.encoder = encoder
         self.part_size = part_size
@@ -97,7 +97,7 @@ class RayBackend:
 
     def __init__(self, store: FeatureStore, encoder: Encoder, *, address: str | None = None,
                  actors: int = 1, gpus_per_actor: float | None = None, threads: int | None = None,
-                 part_size: int = 2048, max_tokens: int = 16384) -> None:
+                 part_size: int = 2048, max_tokens: int | None = None) -> None:
         from . import ray_backend
 
         ray_backend.require_ray()  # fail now, with the install hint, rather than at the first job
@@ -132,7 +132,7 @@ class RayBackend:
 
 
 def make_backend(kind: str, store: FeatureStore, encoder: Encoder, *, part_size: int = 2048,
-                 max_tokens: int = 16384, ray_address: str | None = None, ray_actors: int = 1,
+                 max_tokens: int | None = None, ray_address: str | None = None, ray_actors: int = 1,
                  threads: int | None = None) -> ExtractionBackend:
     """The backend named ``kind`` (``embedded`` or ``ray``), from plain settings values."""
     if kind == "embedded":

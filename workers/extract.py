@@ -26,10 +26,11 @@ import torch
 from cache.shard import ShardContents, TokenRows
 from cache.store import FeatureStore
 
-from .batching import batch_cost_tokens, min_padding_batches
+from .batching import batch_cost_tokens, default_max_tokens, min_padding_batches
 from .encoder import Encoded, Encoder
 
-__all__ = ["ExtractSummary", "Progress", "Stopped", "extract"]
+__all__ = ["ExtractSummary", "Part", "Plan", "Progress", "Stopped", "count_truncated_hits", "extract",
+           "plan_parts"]
 
 
 class Stopped(Exception):
@@ -78,12 +79,34 @@ class ExtractSummary:
         return d
 
 
-def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
-            want_tokens: bool = False, part_size: int = 2048, max_tokens: int = 16384,
-            progress: Callable[[Progress], None] | None = None,
-            should_continue: Callable[[], bool] | None = None) -> ExtractSummary:
-    """Encode the texts not yet stored for this encoder and config; commit shards."""
-    t0 = time.perf_counter()
+@dataclass
+class Part:
+    """One shard's worth of misses: written as ``{job}-{p:05d}`` whatever runs it."""
+
+    name: str
+    keys: list[str]
+    texts: list[str]
+
+
+@dataclass
+class Plan:
+    """What a job must encode: its parts, and the summary so far (keys, hits)."""
+
+    summary: ExtractSummary
+    parts: list[Part]
+    hits: dict[str, Any]  # key -> catalog entry of the texts already stored
+
+
+def plan_parts(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
+               part_size: int, want_tokens: bool) -> Plan:
+    """Cut a job's unique texts into parts, and keep the parts that hold misses.
+
+    The cut is made over *all* unique texts (by character length, then key)
+    before the lookup, so part ``p`` is the same texts in every attempt of
+    the job and on every backend; which of them are misses may shrink between
+    attempts, never grow. Parts already committed are kept: callers check
+    ``store.is_committed(part.name)`` when they get to a part.
+    """
     fp, cfg = encoder.fingerprint, encoder.config
     keys = [store.key(fp, cfg, t) for t in texts]
     first: dict[str, int] = {}
@@ -91,42 +114,61 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
         first.setdefault(k, i)
     uniq = sorted(first, key=lambda k: (len(texts[first[k]]), k))
     summary = ExtractSummary(texts=len(texts), unique_texts=len(uniq), keys=keys)
-    stored = store.lookup(uniq, need_tokens=want_tokens)
-    summary.cache_hits = len(stored)
-    todo_total = len(uniq) - len(stored)
+    hits = store.lookup(uniq, need_tokens=want_tokens)
+    summary.cache_hits = len(hits)
+    parts = []
+    for p, start in enumerate(range(0, len(uniq), part_size)):
+        misses = [k for k in uniq[start : start + part_size] if k not in hits]
+        if misses:
+            parts.append(Part(f"{job_id}-{p:05d}", misses, [texts[first[k]] for k in misses]))
+    return Plan(summary, parts, hits)
+
+
+def count_truncated_hits(summary: ExtractSummary, hits: dict[str, Any]) -> None:
+    """Add truncation among cache hits: the summary describes the whole input."""
+    summary.truncated += sum(1 for e in hits.values() if e.truncated)
+
+
+def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
+            want_tokens: bool = False, part_size: int = 2048, max_tokens: int | None = None,
+            progress: Callable[[Progress], None] | None = None,
+            should_continue: Callable[[], bool] | None = None) -> ExtractSummary:
+    """Encode the texts not yet stored for this encoder and config; commit shards.
+
+    ``max_tokens``: padded tokens per batch; None for the device's default
+    (``workers.batching.default_max_tokens``: 4,096 on CPU, 16,384 on CUDA).
+    """
+    t0 = time.perf_counter()
+    plan = plan_parts(texts, store, encoder, job_id=job_id, part_size=part_size,
+                      want_tokens=want_tokens)
+    summary = plan.summary
+    todo_total = sum(len(part.keys) for part in plan.parts)
     prog = Progress(0, todo_total, 0, 0.0)
     if progress:
         progress(prog)
-    for p, start in enumerate(range(0, len(uniq), part_size)):
-        part = uniq[start : start + part_size]
-        misses = [k for k in part if k not in stored]
-        if not misses:
-            continue
-        name = f"{job_id}-{p:05d}"
-        if store.is_committed(name):
+    for part in plan.parts:
+        if store.is_committed(part.name):
             # a previous attempt of this job committed this part already
-            prog.done += len(misses)
+            prog.done += len(part.keys)
             continue
         if should_continue is not None and not should_continue():
             raise Stopped(f"job {job_id} stopped after {prog.done} of {todo_total} texts")
-        part_texts = [texts[first[k]] for k in misses]
-        encoded = _encode_part(encoder, part_texts, want_tokens, max_tokens, prog, t0,
+        encoded = _encode_part(encoder, part.texts, want_tokens, max_tokens, prog, t0,
                                progress, should_continue)
-        contents = ShardContents(misses, encoded.n_tokens, encoded.truncated, encoded.pooled,
+        contents = ShardContents(part.keys, encoded.n_tokens, encoded.truncated, encoded.pooled,
                                  encoded.tokens)
-        summary.bytes_written += store.write(name, contents, model=fp, config=cfg)
+        summary.bytes_written += store.write(part.name, contents, model=encoder.fingerprint,
+                                             config=encoder.config)
         summary.shards_written += 1
-        summary.texts_encoded += len(misses)
+        summary.texts_encoded += len(part.keys)
         summary.tokens_encoded += int(encoded.n_tokens.sum())
         summary.truncated += int(encoded.truncated.sum())
     summary.seconds = time.perf_counter() - t0
-    # count truncation among hits too: the summary describes the whole input
-    if summary.cache_hits:
-        summary.truncated += sum(1 for e in stored.values() if e.truncated)
+    count_truncated_hits(summary, plan.hits)
     return summary
 
 
-def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_tokens: int,
+def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_tokens: int | None,
                  prog: Progress, t0: float, progress: Callable[[Progress], None] | None,
                  should_continue: Callable[[], bool] | None) -> Encoded:
     """Encode one part in batches of little padding; results in the order of ``texts``.
@@ -138,6 +180,8 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
     n = len(texts)
     pooled: dict[str, np.ndarray] = {}
     tokens: list[TokenRows | None] = [None] * n
+    if max_tokens is None:
+        max_tokens = default_max_tokens(encoder.device.type)
     batches = min_padding_batches(tok.lengths, max_tokens,
                                   batch_cost_tokens=batch_cost_tokens(encoder.device.type))
     for batch_idx in batches:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .batching import default_max_tokens
 from .extract import ExtractSummary, extract
 
 if TYPE_CHECKING:
@@ -103,8 +104,8 @@ def encode_budget(ctx: JobContext) -> int:
     so it keeps the configured budget.
     """
     if ctx.encoder.device.type == "cpu":
-        return min(ctx.options.max_tokens, CPU_ENCODE_MAX_TOKENS)
-    return ctx.options.max_tokens
+        return min(ctx.options.max_tokens or CPU_ENCODE_MAX_TOKENS, CPU_ENCODE_MAX_TOKENS)
+    return ctx.options.max_tokens or default_max_tokens(ctx.encoder.device.type)
 
 
 @register_kind("extract")

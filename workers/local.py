@@ -57,7 +57,7 @@ class LocalExtractor:
         return str(self.encoder.info.get("name", self.encoder.name))
 
     def extract(self, texts: Sequence[str], *, job_id: str, want_tokens: bool = False,
-                progress_bar: bool = False, max_tokens: int = 16384, part_size: int = 2048,
+                progress_bar: bool = False, max_tokens: int | None = None, part_size: int = 2048,
                 backend: str = "embedded", ray_address: str | None = None,
                 ray_actors: int = 1) -> ExtractSummary:
         bar = _Bar() if progress_bar else None

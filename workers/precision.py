@@ -7,8 +7,10 @@
   fp32 (docs/precision.md). bfloat16 keeps ~3 significant digits, so stored
   vectors differ from fp32 ones by about 1% (measured figures in the doc).
 - ``fp16``: float16 autocast, CUDA only.
-- ``auto``: bf16 on CUDA (fp16 on GPUs without bfloat16) and on CPUs that
-  report AMX or AVX-512 BF16, fp32 otherwise.
+- ``auto``: bf16 on CUDA (fp16 on GPUs without bfloat16) and on CPUs with
+  AMX (``amx_bf16``), fp32 otherwise. Not on AVX-512 BF16 alone: there the
+  bfloat16 matrix product measured 0.55-0.63x the float32 one and extraction
+  0.37-0.78x (docs/precision.md), so ``auto`` would make such CPUs slower.
 - ``default``: fp32 on CPU, auto on CUDA.
 
 Pooling and the copy to the host run in float32 whatever the mode
@@ -20,7 +22,9 @@ Example::
 
     >>> resolve_precision("auto", "cpu", cpu_flags={"avx2", "fma"})
     'fp32'
-    >>> resolve_precision("auto", "cpu", cpu_flags={"avx512f", "avx512_bf16"})
+    >>> resolve_precision("auto", "cpu", cpu_flags={"avx512f", "avx512_bf16"})  # no AMX: no gain
+    'fp32'
+    >>> resolve_precision("auto", "cpu", cpu_flags={"avx512_bf16", "amx_tile", "amx_bf16"})
     'bf16'
     >>> precision_table("cpu", cpu_flags=set())["fp16"] is None   # fp16 needs CUDA
     True
@@ -35,16 +39,20 @@ import torch
 __all__ = [
     "PRECISION_CHOICES",
     "autocast_dtype",
+    "cpu_flags",
     "cpu_has_fast_bf16",
     "precision_table",
     "resolve_precision",
 ]
 
 PRECISION_CHOICES = ("default", "auto", "fp32", "bf16", "fp16")
-_FAST_BF16_FLAGS = {"amx_bf16", "avx512_bf16"}
+# AMX only: AVX-512 BF16's dot products have no more throughput than float32
+# FMAs on the CPUs measured, and the casts come on top (docs/precision.md)
+_FAST_BF16_FLAGS = {"amx_bf16"}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The flags /proc/cpuinfo reports for the first CPU (empty off Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -55,8 +63,8 @@ def _cpu_flags() -> set[str]:
 
 
 def cpu_has_fast_bf16(flags: set[str] | None = None) -> bool:
-    """True when the CPU reports AMX-BF16 or AVX-512 BF16 instructions."""
-    return bool(_FAST_BF16_FLAGS & (_cpu_flags() if flags is None else flags))
+    """True when the CPU reports AMX-BF16 (the tiles that make bfloat16 fast)."""
+    return bool(_FAST_BF16_FLAGS & (cpu_flags() if flags is None else flags))
 
 
 def resolve_precision(precision: str, device: torch.device | str,

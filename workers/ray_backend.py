@@ -44,7 +44,7 @@ from cache.shard import ShardContents, write_shard
 from cache.store import FeatureStore
 
 from .encoder import Encoder
-from .extract import ExtractSummary, Progress, Stopped, _encode_part
+from .extract import ExtractSummary, Progress, Stopped, _encode_part, count_truncated_hits, plan_parts
 
 __all__ = [
     "INSTALL_HINT",
@@ -103,11 +103,11 @@ class ShardEncoder:
     """A Ray Data actor: loads the encoder once, turns parts into shards.
 
     ``__call__`` gets a batch of parts (a pyarrow table: ``name``, ``keys``,
-    ``texts``), checks the texts against their keys, writes one shard per part under ``shard_dir`` and returns one JSON
-    metadata string per part in column ``meta``. The shard is written under a
-    name unique to this attempt and then renamed onto ``{name}.h5``, so a
-    writer that outlives its retry (a partitioned node) can never interleave
-    bytes with it.
+    ``texts``), checks the texts against their keys, writes one shard per part
+    under ``shard_dir`` and returns one JSON metadata string per part in
+    column ``meta``. The shard is written under a name unique to this attempt
+    and then renamed onto ``{name}.h5``, so a writer that outlives its retry
+    (a partitioned node) can never interleave bytes with it.
 
     ``fault`` is for tests only (users never pass it):
     ``{"die_once": marker_path}`` makes the first actor that finds no marker
@@ -117,7 +117,7 @@ class ShardEncoder:
     and then sleep, so a test can remove a node while it is mid-batch.
     """
 
-    def __init__(self, spec: dict[str, Any], shard_dir: str, want_tokens: bool, max_tokens: int,
+    def __init__(self, spec: dict[str, Any], shard_dir: str, want_tokens: bool, max_tokens: int | None,
                  threads: int | None = None, fault: dict[str, str] | None = None) -> None:
         from .encoder import set_threads
 
@@ -207,7 +207,7 @@ def _encoder_spec(encoder: Encoder) -> dict[str, Any]:
 
 def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
                      want_tokens: bool = False, address: str | None = None, part_size: int = 2048,
-                     max_tokens: int = 16384, actors: int = 1, gpus_per_actor: float | None = None,
+                     max_tokens: int | None = None, actors: int = 1, gpus_per_actor: float | None = None,
                      threads: int | None = None,
                      progress: Callable[[Progress], None] | None = None,
                      should_continue: Callable[[], bool] | None = None,
@@ -221,29 +221,19 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
     """
     require_ray()  # say what to install before any work, even if all texts turn out stored
     t0 = time.perf_counter()
-    fp, cfg = encoder.fingerprint, encoder.config
-    # planning mirrors workers.extract.extract (tests hold the two to the same shards)
-    keys = [store.key(fp, cfg, t) for t in texts]
-    first: dict[str, int] = {}
-    for i, k in enumerate(keys):
-        first.setdefault(k, i)
-    uniq = sorted(first, key=lambda k: (len(texts[first[k]]), k))
-    summary = ExtractSummary(texts=len(texts), unique_texts=len(uniq), keys=keys)
-    stored = store.lookup(uniq, need_tokens=want_tokens)
-    summary.cache_hits = len(stored)
-    prog = Progress(0, len(uniq) - len(stored), 0, 0.0)
+    # the same parts and shard names as the embedded backend
+    plan = plan_parts(texts, store, encoder, job_id=job_id, part_size=part_size,
+                      want_tokens=want_tokens)
+    summary = plan.summary
+    prog = Progress(0, sum(len(part.keys) for part in plan.parts), 0, 0.0)
     if progress:
         progress(prog)
     todo: list[dict[str, Any]] = []
-    for p, start in enumerate(range(0, len(uniq), part_size)):
-        misses = [k for k in uniq[start : start + part_size] if k not in stored]
-        if not misses:
+    for part in plan.parts:
+        if store.is_committed(part.name):  # a previous run of this job got this far
+            prog.done += len(part.keys)
             continue
-        name = f"{job_id}-{p:05d}"
-        if store.is_committed(name):  # a previous run of this job got this far
-            prog.done += len(misses)
-            continue
-        todo.append({"name": name, "keys": misses, "texts": [texts[first[k]] for k in misses]})
+        todo.append({"name": part.name, "keys": part.keys, "texts": part.texts})
     if todo:
         if should_continue is not None and not should_continue():
             raise Stopped(f"job {job_id} stopped before it started")
@@ -267,8 +257,7 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
             if started:
                 require_ray().shutdown()
     summary.seconds = time.perf_counter() - t0
-    if summary.cache_hits:
-        summary.truncated += sum(1 for e in stored.values() if e.truncated)
+    count_truncated_hits(summary, plan.hits)
     return summary
 
 

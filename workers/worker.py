@@ -82,7 +82,7 @@ class WorkerOptions:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 5.0
     part_size: int = 2048
-    max_tokens: int = 16384
+    max_tokens: int | None = None  # None: the device's default (workers.batching.default_max_tokens)
     poll_interval_s: float = 0.002  # idle poll: a few ms keeps sync requests fast
     progress_interval_s: float = 0.25
     parent_pid: int | None = None  # exit when this process is gone (started by serve)

@@ -139,8 +139,9 @@ def test_full_disk_fails_the_job_clearly_and_a_retry_succeeds(
         assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "lost+found"]
         # the same for a request's misses: a clear error, not wrong or partial data
         r = server.post("/v1/features", json={"texts": texts[:64]})
-        assert r.status_code == 500 and r.json()["type"] == "extraction_failed"
-        assert "no space left on device while writing shard" in r.json()["error"]
+        assert r.status_code == 507 and r.json()["type"] == "insufficient_storage", r.text
+        assert r.json()["error"].startswith("extraction failed: no space left on device while writing shard")
+        assert "free some space and run the job again" in r.json()["error"]
         assert server.get("/health").status_code == 200
 
         filler.unlink()  # room again: the same upload now succeeds

@@ -58,9 +58,14 @@ class ReaderLog:
 
 def _poll(store: FeatureStore, keys: list[str], ref: dict[str, np.ndarray], stop: threading.Event,
           out: ReaderLog) -> None:
-    """Read every key, every pooling, again and again, checking each row found."""
+    """Read every key, every pooling, again and again, checking each row found.
+
+    The last read starts after ``stop`` is set, so it sees everything that
+    was committed before the test stopped the reader.
+    """
     seen = np.zeros(len(keys), dtype=bool)
-    while not stop.is_set():
+    while True:
+        last = stop.is_set()
         try:
             found_before = None
             for pooling in POOLINGS:
@@ -81,7 +86,7 @@ def _poll(store: FeatureStore, keys: list[str], ref: dict[str, np.ndarray], stop
             out.reads += 1
         except Exception as e:  # noqa: BLE001 - any error is a failure the test reports
             out.errors.append(f"{type(e).__name__}: {e}")
-        if out.errors:
+        if out.errors or last:
             return
         time.sleep(0.01)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.batcher import ENCODE_PRIORITY, Batcher
-from app.errors import ExtractionFailed, Overloaded
+from app.batcher import ENCODE_PRIORITY, Batcher, failure
+from app.errors import ExtractionFailed, InsufficientStorage, Overloaded
 from cache.catalog import Catalog
 from cache.jobs import JobQueue
 
@@ -122,3 +122,16 @@ def test_over_max_pending_is_overloaded_and_failures_reach_every_waiter(setup) -
         assert b.waiting == 0
 
     asyncio.run(main())
+
+
+def test_a_full_disk_is_507_and_any_other_failure_500() -> None:
+    # the message workers/worker.py records for cache.space.ShardWriteError
+    what = ("no space left on device while writing shard j-00000.h5: it needs about 1.2 MiB, "
+            "40.0 KiB are free; free some space and run the job again")
+    disk = failure("ShardWriteError: " + what)
+    assert isinstance(disk, InsufficientStorage)
+    assert (disk.status, disk.type) == (507, "insufficient_storage")
+    assert disk.message == "extraction failed: " + what
+    other = failure("RuntimeError: CUDA error: an illegal memory access")
+    assert type(other) is ExtractionFailed and other.status == 500
+    assert other.message == "extraction failed: RuntimeError: CUDA error: an illegal memory access"

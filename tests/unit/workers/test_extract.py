@@ -15,7 +15,7 @@ import pytest
 
 from cache.store import FeatureStore
 from workers.encoder import Encoder
-from workers.extract import Progress, Stopped, extract
+from workers.extract import Progress, Stopped, extract, plan_parts
 
 TEXTS = [f"text number {i} " + "word " * (i % 5) for i in range(10)]
 
@@ -115,6 +115,22 @@ def test_a_rerun_after_a_crash_skips_committed_parts(
     keys = catalog_keys(store)
     assert len(keys) == len(set(keys)) == 10
     assert store.read_pooled(s.keys, "mean").found.all()
+
+
+def test_parts_are_cut_before_the_lookup_so_a_part_keeps_its_name(
+        store: FeatureStore, tiny_encoder: Encoder) -> None:
+    texts = ["a", "bb", "ccc", "dddd", "eeeee", "bb"]  # one duplicate; lengths give the order
+    plan = plan_parts(texts, store, tiny_encoder, job_id="j", part_size=2, want_tokens=False)
+    assert [(p.name, p.texts) for p in plan.parts] == [
+        ("j-00000", ["a", "bb"]), ("j-00001", ["ccc", "dddd"]), ("j-00002", ["eeeee"])]
+    assert (plan.summary.texts, plan.summary.unique_texts, plan.summary.cache_hits) == (6, 5, 0)
+    assert plan.summary.keys[1] == plan.summary.keys[5]
+    extract(["ccc", "a"], store, tiny_encoder, job_id="other")
+    again = plan_parts(texts, store, tiny_encoder, job_id="j", part_size=2, want_tokens=False)
+    # "ccc" is stored now: part 1 shrinks but keeps its name; part 0 loses "a" and stays
+    assert [(p.name, p.texts) for p in again.parts] == [
+        ("j-00000", ["bb"]), ("j-00001", ["dddd"]), ("j-00002", ["eeeee"])]
+    assert again.summary.cache_hits == 2 and set(again.hits) == {again.summary.keys[0], again.summary.keys[2]}
 
 
 def test_a_rerun_rewrites_an_uncommitted_part_under_the_same_name(

@@ -25,8 +25,8 @@ from workers.precision import autocast_dtype, precision_table, resolve_precision
 PLAIN_CPU = {"fpu", "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl"}
 
 # docs/precision.md, "Tolerance": per stored vector, |bf16 - fp32| / |fp32|
-BF16_MAX_RELATIVE = 0.05
-BF16_MEDIAN_RELATIVE = 0.02
+BF16_MAX_RELATIVE = 0.02
+BF16_MEDIAN_RELATIVE = 0.005
 
 
 def test_auto_is_fp32_on_a_cpu_without_bf16_instructions() -> None:
@@ -34,9 +34,20 @@ def test_auto_is_fp32_on_a_cpu_without_bf16_instructions() -> None:
     assert resolve_precision("auto", "cpu", cpu_flags=set()) == "fp32"
 
 
-@pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
-def test_auto_is_bf16_on_a_cpu_that_reports_bf16_instructions(flag: str) -> None:
-    assert resolve_precision("auto", "cpu", cpu_flags=PLAIN_CPU | {flag}) == "bf16"
+def test_auto_is_bf16_on_a_cpu_with_amx() -> None:
+    # the flags of a Sapphire Rapids core with AMX exposed
+    spr = PLAIN_CPU | {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+    assert resolve_precision("auto", "cpu", cpu_flags=spr) == "bf16"
+    assert precision_table("cpu", cpu_flags=spr) == {
+        "default": "fp32", "auto": "bf16", "fp32": "fp32", "bf16": "bf16", "fp16": None}
+
+
+def test_auto_stays_fp32_on_avx512_bf16_without_amx() -> None:
+    # this development VM: AVX-512 BF16 but the AMX tiles are not exposed, and
+    # bf16 extraction measured slower than fp32 (docs/precision.md)
+    no_amx = PLAIN_CPU | {"avx512_bf16", "avx512_fp16"}
+    assert resolve_precision("auto", "cpu", cpu_flags=no_amx) == "fp32"
+    assert resolve_precision("bf16", "cpu", cpu_flags=no_amx) == "bf16"  # still there when asked
 
 
 def test_default_is_fp32_on_cpu_even_where_bf16_is_available() -> None:
