@@ -68,6 +68,7 @@ class _Waiter:
     texts: list[str]
     want_tokens: bool
     model: str | None
+    precision: str | None
     hint: Any
     future: asyncio.Future[None]
 
@@ -99,11 +100,14 @@ class Batcher:
         return self._waiting
 
     async def encode(self, texts: list[str], *, model: str | None = None,
-                     want_tokens: bool = False, hint: Any = None) -> None:
+                     precision: str | None = None, want_tokens: bool = False,
+                     hint: Any = None) -> None:
         """Return once every text is stored; raise ExtractionFailed/Timeout/Overloaded.
 
         ``model``: the fingerprint the caller computed keys with; a worker
         serving another model fails the job instead of storing other numbers.
+        ``precision``: the resolved mode the keys were made for (None: as
+        served); waiters at different precisions never share a job.
         """
         if not texts:
             return
@@ -114,7 +118,7 @@ class Batcher:
         self._waiting += 1
         try:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._pending.append(_Waiter(list(texts), want_tokens, model, hint, fut))
+            self._pending.append(_Waiter(list(texts), want_tokens, model, precision, hint, fut))
             self.stats.requests += 1
             if self._opened is None:
                 self._opened = time.monotonic()
@@ -142,7 +146,8 @@ class Batcher:
         n = 0
         while self._pending:
             w = self._pending[0]
-            if take and (n + len(w.texts) > self.max_batch_texts or w.model != take[0].model):
+            if take and (n + len(w.texts) > self.max_batch_texts or
+                         (w.model, w.precision) != (take[0].model, take[0].precision)):
                 break
             take.append(self._pending.pop(0))
             n += len(w.texts)
@@ -168,6 +173,7 @@ class Batcher:
         self.stats.sizes = (self.stats.sizes + [len(texts)])[-1000:]
         try:
             job_id = self.queue.submit("encode", {"texts": texts, "model": waiters[0].model,
+                                                  "precision": waiters[0].precision,
                                                   "want_tokens": want_tokens},
                                        priority=ENCODE_PRIORITY)
             error = await self._wait(job_id)

@@ -72,12 +72,14 @@ class Client:
 
     # -- features -------------------------------------------------------------
     def features(self, texts: Sequence[str], view: str | None = None, pooling: str | None = None,
-                 *, model: str | None = None, return_info: bool = False) -> Any:
+                 *, model: str | None = None, precision: str | None = None,
+                 return_info: bool = False) -> Any:
         """The features of ``texts`` in input order: [n, dim] (or [n, H, d] for
-        all_layers), float32. ``return_info=True`` also returns the response
-        without its data (model, view, usage, and per-text cached/n_tokens)."""
+        all_layers), float32. ``precision``: fp32, bf16, ... (None: as served).
+        ``return_info=True`` also returns the response without its data
+        (model, precision, view, usage, and per-text cached/n_tokens)."""
         body: dict[str, Any] = {"texts": list(texts), "format": "base64"}
-        for k, v in (("view", view), ("pooling", pooling), ("model", model)):
+        for k, v in (("view", view), ("pooling", pooling), ("model", model), ("precision", precision)):
             if v is not None:
                 body[k] = v
         out = self.request("POST", "/v1/features", json=body)
@@ -98,15 +100,16 @@ class Client:
                        text_column: str | None = None, label_column: str | None = None,
                        format: str | None = None, no_header: bool = False,
                        words: Sequence[Sequence[str]] | None = None,
-                       tags: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+                       tags: Sequence[Sequence[str]] | None = None,
+                       precision: str | None = None) -> dict[str, Any]:
         """Register a dataset from texts (or words/tags), or upload a file; returns
         the dataset (``id``, ``job_id``, ...). Extraction runs in the background:
-        ``wait(dataset)`` for it."""
+        ``wait(dataset)`` for it. ``precision``: the dataset's (None: as served)."""
         if path is not None:
             p = Path(path)
             data: dict[str, str] = {k: v for k, v in (
                 ("name", name), ("text_column", text_column), ("label_column", label_column),
-                ("format", format)) if v is not None}
+                ("format", format), ("precision", precision)) if v is not None}
             if no_header:
                 data["no_header"] = "true"
             with open(p, "rb") as fh:
@@ -121,6 +124,8 @@ class Client:
             body["texts"] = list(texts or [])
         if labels is not None:
             body["labels"] = list(labels)
+        if precision is not None:
+            body["precision"] = precision
         return self.request("POST", "/v1/datasets", json=body)  # type: ignore[no-any-return]
 
     def datasets(self) -> list[dict[str, Any]]:

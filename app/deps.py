@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import os
@@ -28,11 +29,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import NotReady, error_body
+from app.errors import InvalidInput, NotReady, error_body
 from app.rowcache import ROW_CACHE_BYTES, RowCache
 from app.settings import Settings
 from cache.datasets import DatasetStore
 from cache.jobs import JobQueue
+from cache.keys import ExtractionConfig
 from cache.store import FeatureStore
 
 __all__ = ["ApiKeyGuard", "AppState", "BodyLimitGuard", "ModelRef", "get_state"]
@@ -63,6 +65,30 @@ class ModelRef:
     def accepts(self, requested: str | None) -> bool:
         """Whether a request's ``model`` names this model."""
         return requested is None or requested in self.names()
+
+    def at_precision(self, requested: str | None) -> ModelRef:
+        """This model computing at a request's ``precision`` (None: as served).
+
+        The worker publishes what each mode resolves to on its device
+        (``precision_modes``), so the config, and with it every key, is made
+        here without torch. A bf16 request's keys differ from an fp32 one's:
+        the two never answer each other. 422 for a mode the device lacks.
+        """
+        if requested is None:
+            return self
+        modes = self.info.get("precision_modes") or {self.precision: self.precision}
+        if requested not in modes:
+            raise InvalidInput(f"precision must be one of {', '.join(modes)}, got {requested!r}",
+                               field="precision")
+        resolved = modes[requested]
+        if resolved is None:
+            raise InvalidInput(f"precision {requested} is not available on the worker's device "
+                               f"({self.info.get('device', 'cpu')}); fp16 needs CUDA, use bf16 or fp32",
+                               field="precision")
+        if resolved == self.precision:
+            return self
+        cfg = dataclasses.replace(ExtractionConfig.from_json(self.config), precision=resolved)
+        return dataclasses.replace(self, config=cfg.canonical(), precision=resolved)
 
 
 class AppState:

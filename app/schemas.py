@@ -48,6 +48,9 @@ __all__ = [
 
 Pooling = Literal["mean", "cls", "max"]
 Format = Literal["json", "base64"]
+Precision = Literal["default", "auto", "fp32", "bf16", "fp16"]
+_PRECISION = ("compute precision for the misses, and so which stored rows answer (rows computed "
+              "at another precision never do); default: the served precision in /info")
 # the schema says what the routes enforce (with friendlier messages than a pattern error):
 # a text holds at least one non-whitespace character; a word is one run of them
 Text = Annotated[str, WithJsonSchema({"type": "string", "pattern": "\\S"})]
@@ -76,6 +79,7 @@ class FeaturesRequest(BaseModel):
                              "mean_all, weighted:W0,...,WL, all_layers; default in /info")
     pooling: Pooling | None = Field(None, description="default in /info")
     model: str | None = Field(None, description="must be the served model when given")
+    precision: Precision | None = Field(None, description=_PRECISION)
     format: Format = Field("json", description="json: lists of numbers; base64: little-endian "
                            "bytes of `dtype`")
     dtype: Literal["float16", "float32"] | None = Field(
@@ -100,6 +104,7 @@ class FeaturesUsage(BaseModel):
 
 class FeaturesResponse(BaseModel):
     model: str
+    precision: str = Field(description="the precision the rows were computed at (fp32, bf16, fp16)")
     view: str
     pooling: str
     dim: int = Field(description="length of one vector (hidden size for all_layers)")
@@ -120,6 +125,7 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = None
     view: str | None = Field(None, description="layerbank extension; default in /info")
     pooling: Pooling | None = Field(None, description="layerbank extension; default in /info")
+    precision: Precision | None = Field(None, description="layerbank extension; " + _PRECISION)
 
 
 class EmbeddingItem(BaseModel):
@@ -151,6 +157,7 @@ class DatasetTexts(BaseModel):
     name: Name = Field(min_length=1, max_length=200)
     texts: list[Text] = Field(min_length=1, description="the items' texts")
     labels: list[Label] | None = Field(None, description="one per text, stored as text")
+    precision: Precision | None = Field(None, description=_PRECISION)
 
 
 class DatasetWords(BaseModel):
@@ -161,6 +168,7 @@ class DatasetWords(BaseModel):
     words: list[Annotated[list[Word], Field(min_length=1)]] = Field(min_length=1)
     tags: list[list[str]] | None = Field(None, description="one tag per word")
     labels: list[Label] | None = Field(None, description="one per item, stored as text")
+    precision: Precision | None = Field(None, description=_PRECISION)
 
 
 DatasetCreate = DatasetTexts | DatasetWords

@@ -53,8 +53,9 @@ class ExtractionBackend(Protocol):
     name: str
 
     def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
-            progress: ProgressFn | None = None,
-            should_continue: ContinueFn | None = None) -> ExtractSummary: ...
+            progress: ProgressFn | None = None, should_continue: ContinueFn | None = None,
+            encoder: Encoder | None = None) -> ExtractSummary:
+        """``encoder``: the backend's own at another precision (None: its own)."""
 
     def close(self) -> None: ...
 
@@ -72,9 +73,9 @@ class EmbeddedBackend:
         self.max_tokens = max_tokens
 
     def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
-            progress: ProgressFn | None = None,
-            should_continue: ContinueFn | None = None) -> ExtractSummary:
-        return extract(texts, self.store, self.encoder, job_id=job_id, want_tokens=want_tokens,
+            progress: ProgressFn | None = None, should_continue: ContinueFn | None = None,
+            encoder: Encoder | None = None) -> ExtractSummary:
+        return extract(texts, self.store, encoder or self.encoder, job_id=job_id, want_tokens=want_tokens,
                        part_size=self.part_size, max_tokens=self.max_tokens, progress=progress,
                        should_continue=should_continue)
 
@@ -112,12 +113,13 @@ class RayBackend:
         self._connected_here = False
 
     def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
-            progress: ProgressFn | None = None,
-            should_continue: ContinueFn | None = None) -> ExtractSummary:
+            progress: ProgressFn | None = None, should_continue: ContinueFn | None = None,
+            encoder: Encoder | None = None) -> ExtractSummary:
         from .ray_backend import connect, extract_with_ray
 
         self._connected_here = connect(self.address) or self._connected_here
-        return extract_with_ray(texts, self.store, self.encoder, job_id=job_id,
+        # the actors load the model at this encoder's precision (its config travels in the spec)
+        return extract_with_ray(texts, self.store, encoder or self.encoder, job_id=job_id,
                                 want_tokens=want_tokens, part_size=self.part_size,
                                 max_tokens=self.max_tokens, actors=self.actors,
                                 gpus_per_actor=self.gpus_per_actor, threads=self.threads,

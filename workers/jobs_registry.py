@@ -32,6 +32,7 @@ worker process).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -80,9 +81,11 @@ def _count(ctx: JobContext, summary: ExtractSummary) -> None:
 
 @register_kind("encode")
 def run_encode(ctx: JobContext) -> dict[str, Any]:
-    """Synchronous misses: payload ``{"texts": [...], "model": str | None, "want_tokens": bool}``."""
+    """Synchronous misses: payload ``{"texts": [...], "model": str | None,
+    "precision": str | None, "want_tokens": bool}`` (precision: the resolved
+    mode the API made the keys for; None: as served)."""
     p = ctx.job.payload
-    enc = ctx.encoder
+    enc = ctx.worker.encoder_at(p.get("precision"))
     model = p.get("model")
     if model not in (None, enc.fingerprint, enc.name, enc.info.get("name")):
         raise JobError(f"this worker serves {enc.info.get('name')!r} ({enc.fingerprint}), "
@@ -115,7 +118,8 @@ def run_extract(ctx: JobContext) -> dict[str, Any]:
     ds = ctx.datasets.get(ds_id)
     if ds is None:
         raise JobError(f"dataset {ds_id} was deleted before it was extracted")
-    enc = ctx.encoder
+    # the dataset was registered at a precision of its own (part of its config)
+    enc = ctx.worker.encoder_at(json.loads(ds.config).get("precision"))
     fp = ds.meta.get("fingerprint", enc.fingerprint)
     if fp != enc.fingerprint or ds.config != enc.config.canonical():
         raise JobError(f"dataset {ds_id} was registered for model {ds.model!r} ({fp}) with config "
@@ -125,6 +129,7 @@ def run_extract(ctx: JobContext) -> dict[str, Any]:
     want_tokens = bool(ctx.job.payload.get("want_tokens")) or ds.task == "token"
     # the worker's backend: this process's encoder, or actors on a Ray cluster
     summary = ctx.worker.backend.run(items.texts, ctx.job.id, want_tokens=want_tokens,
-                                     progress=ctx.progress, should_continue=ctx.should_continue)
+                                     progress=ctx.progress, should_continue=ctx.should_continue,
+                                     encoder=enc)
     _count(ctx, summary)
     return summary.as_dict()

@@ -146,6 +146,23 @@ class Worker:
         self.current: str | None = None
         self._urgent_depth = 0
         self._started = time.time()
+        self._at_precision: dict[str, Encoder] = {}
+
+    def encoder_at(self, precision: str | None) -> Encoder:
+        """The served encoder at a job's precision (None: as served).
+
+        Same weights and tokenizer (``Encoder.with_precision``), so another
+        mode costs no memory; kept per mode. JobError for a mode this
+        device cannot run (fp16 on a CPU).
+        """
+        if precision is None or precision == self.encoder.config.precision:
+            return self.encoder
+        if precision not in self._at_precision:
+            try:
+                self._at_precision[precision] = self.encoder.with_precision(precision)
+            except ValueError as e:
+                raise JobError(f"precision {precision}: {e}") from None
+        return self._at_precision[precision]
 
     # -- life cycle -------------------------------------------------------
     def stop(self) -> None:

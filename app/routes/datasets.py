@@ -67,7 +67,8 @@ _CREATE_BODY = {"requestBody": {"required": True, "content": {
         "file": {"type": "string", "format": "binary"},
         "name": {"type": "string"}, "format": {"type": "string", "enum": list(_UPLOAD_FORMATS)},
         "text_column": {"type": "string"}, "label_column": {"type": "string"},
-        "no_header": {"type": "boolean"}, "tag_column": {"type": "integer"}}}}}}}
+        "no_header": {"type": "boolean"}, "tag_column": {"type": "integer"},
+        "precision": {"type": "string", "enum": ["default", "auto", "fp32", "bf16", "fp16"]}}}}}}}
 
 
 def _public(state: AppState, ds: Dataset) -> dict[str, Any]:
@@ -98,13 +99,14 @@ async def _json_items(request: Request) -> dict[str, Any]:
     try:
         if "words" in raw:  # a token task
             w = DatasetWords.model_validate(raw)
-            return _word_items(w.name, w.words, w.tags, w.labels)
+            return {**_word_items(w.name, w.words, w.tags, w.labels), "precision": w.precision}
         if "tags" in raw:
             raise InvalidInput("tags need words (one tag per word)", field="tags")
         t = DatasetTexts.model_validate(raw)
     except ValidationError as e:
         raise RequestValidationError(e.errors()) from None
-    return {"name": t.name, "texts": t.texts, "labels": t.labels, "source": None}
+    return {"name": t.name, "texts": t.texts, "labels": t.labels, "source": None,
+            "precision": t.precision}
 
 
 def _word_items(name: str, words: list[list[str]], tags: list[list[str]] | None,
@@ -146,6 +148,7 @@ async def _upload_items(request: Request) -> dict[str, Any]:
         raise InvalidInput(f"format: cannot tell the format of {source!r}; send format= one of "
                            f"{', '.join(_UPLOAD_FORMATS)}", field="format")
     name = _form_str(form, "name") or PurePosixPath(source).stem or "upload"
+    precision = _form_str(form, "precision")  # checked against the worker's modes by the caller
     data = await upload.read()
     await form.close()
     if fmt in _WORD_FORMATS:
@@ -159,7 +162,7 @@ async def _upload_items(request: Request) -> dict[str, Any]:
         except (WordSetError, ValueError) as e:
             raise InvalidInput(f"file: {e}", field="file") from None
         return {**_word_items(name, [list(s.words) for s in sents], [list(s.tags) for s in sents],
-                              None), "source": source}
+                              None), "source": source, "precision": precision}
     try:
         table = await run_in_threadpool(
             parse_texts, data, fmt, text_column=_form_str(form, "text_column"),
@@ -168,7 +171,7 @@ async def _upload_items(request: Request) -> dict[str, Any]:
     except InputError as e:
         raise InvalidInput(f"file: {e}", field="file") from None
     return {"name": name, "texts": table.texts, "labels": table.labels, "source": source,
-            "skipped_empty": len(table.skipped_empty)}
+            "skipped_empty": len(table.skipped_empty), "precision": precision}
 
 
 def _check_unicode(field: str, values: list[Any]) -> None:
@@ -196,6 +199,7 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
     else:
         raise UnsupportedMediaType(f"send JSON or a multipart/form-data upload (got "
                                    f"{ctype or 'no content type'!r})")
+    m = m.at_precision(items.get("precision"))  # the dataset's config, and so its keys
     s = state.settings
     texts: list[str] = items["texts"]
     if len(texts) > s.max_dataset_texts:
@@ -219,7 +223,7 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
                          headers={"Retry-After": "10"})
     token = items.get("words") is not None
     ds_id, job_id = "ds_" + uuid.uuid4().hex[:12], uuid.uuid4().hex[:16]
-    meta = {"fingerprint": m.fingerprint, "source": items.get("source"),
+    meta = {"fingerprint": m.fingerprint, "precision": m.precision, "source": items.get("source"),
             "skipped_empty": items.get("skipped_empty", 0)}
 
     def register() -> Dataset:

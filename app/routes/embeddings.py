@@ -52,12 +52,12 @@ async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state
     if view == "all_layers":
         raise InvalidInput("input: /v1/embeddings returns one vector per text; use /v1/features "
                            "for all_layers", field="view")
-    m, parsed = resolve_request(state, view, req.model)
+    m, parsed = resolve_request(state, view, req.model, req.precision)
     dim = parsed.output_dim(m.n_hidden_states, m.hidden_size)
     if req.dimensions is not None and req.dimensions != dim:
         raise InvalidInput(f"dimensions: this view gives {dim}-dimensional vectors; vectors are not "
                            f"truncated (omit dimensions or send {dim})", field="dimensions")
-    r = await compute_features(state, texts, view, req.pooling, req.model)
+    r = await compute_features(state, texts, view, req.pooling, req.model, req.precision)
     fmt = "base64" if req.encoding_format == "base64" else "json"
     rows = encode_rows(r.data, fmt, "float32")
     tokens = int(sum(r.n_tokens))

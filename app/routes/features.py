@@ -105,11 +105,13 @@ class FeatureResult:
         return sum(seen.values())
 
 
-def resolve_request(state: AppState, view_spec: str | None, model: str | None) -> tuple[ModelRef, View]:
+def resolve_request(state: AppState, view_spec: str | None, model: str | None,
+                    precision: str | None = None) -> tuple[ModelRef, View]:
     m = state.require_model()
     if not m.accepts(model):
         raise InvalidInput(f"model {model!r} is not served here; this server serves {m.name!r} "
                            f"(fingerprint {m.fingerprint})", field="model")
+    m = m.at_precision(precision)
     view = strict_view(state.settings.default_view if view_spec is None else view_spec, m.n_hidden_states)
     return m, view
 
@@ -132,8 +134,9 @@ def strict_view(spec: str, n_states: int) -> View:
 
 
 async def compute_features(state: AppState, texts: list[str], view_spec: str | None,
-                           pooling: str | None, model: str | None) -> FeatureResult:
-    m, view = resolve_request(state, view_spec, model)
+                           pooling: str | None, model: str | None,
+                           precision: str | None = None) -> FeatureResult:
+    m, view = resolve_request(state, view_spec, model, precision)
     pooling = pooling or state.settings.default_pooling
     keys = [text_key(m.fingerprint, m.config, t) for t in texts]
     store, rows, h = state.store, state.rows, m.n_hidden_states
@@ -154,7 +157,7 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
         miss = [i for i in range(len(keys)) if entries[i] is None]
         miss_keys = [keys[i] for i in miss]
         await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint,
-                                   hint=(miss_keys, pooling))
+                                   precision=m.precision, hint=(miss_keys, pooling))
         got = rows.try_read(miss_keys, view, pooling, h)  # the batcher read them into memory
         if got is None:
             got = await run_in_threadpool(rows.read, store, miss_keys, view, pooling, h)
@@ -219,8 +222,8 @@ def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
     shape = list(r.data.shape[1:])
     usage = {"texts": len(rows), "cache_hits": int(r.cached.sum()),
              "tokens_computed": r.tokens_computed}
-    body = {"model": r.model.name, "view": r.view.spec, "pooling": r.pooling, "dim": shape[-1],
-            "shape": shape, "format": fmt, "dtype": dtype if fmt == "base64" else "float32",
+    body = {"model": r.model.name, "precision": r.model.precision, "view": r.view.spec,
+            "pooling": r.pooling, "dim": shape[-1], "shape": shape, "format": fmt, "dtype": dtype if fmt == "base64" else "float32",
             "data": [{"index": i, "embedding": e, "cached": bool(c), "n_tokens": int(t),
                       "truncated": bool(tr)}
                      for i, (e, c, t, tr) in enumerate(zip(rows, r.cached, r.n_tokens, r.truncated))],
@@ -233,7 +236,7 @@ def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
              summary="Feature vectors for texts (cached rows, misses encoded once)")
 async def features(req: FeaturesRequest, state: AppState = Depends(get_state)) -> Response:
     check_texts(req.texts, state)
-    r = await compute_features(state, req.texts, req.view, req.pooling, req.model)
+    r = await compute_features(state, req.texts, req.view, req.pooling, req.model, req.precision)
     dtype = req.dtype or (r.model.storage_dtype if plain_copy(r.view) else "float32")
     if r.data.size > 200_000:  # big answers are encoded off the event loop
         body = await run_in_threadpool(_body, r, req.format, dtype)

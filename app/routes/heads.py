@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -205,13 +206,15 @@ async def predict(head_id: str, req: PredictRequest, state: AppState = Depends(g
                        f"{': ' + job.error if job and job.error else ''}",
                        extra={"job_id": rec.job_id, "job_state": st})
     m = state.require_model()
+    if m.fingerprint == rec.fingerprint:  # features at the precision the head was fitted on
+        m = m.at_precision(json.loads(rec.config).get("precision"))
     if (m.fingerprint, m.config) != (rec.fingerprint, rec.config):
         raise Conflict(f"head {head_id} was fitted on features of {rec.model} ({rec.fingerprint}, "
                        f"extraction config {rec.config}); this server serves {m.name} ({m.fingerprint}, "
                        f"{m.config}), whose features it cannot read")
     check_texts(req.texts, state)
     view = "all_layers" if rec.view == "scalar_mix" else rec.view
-    r = await compute_features(state, req.texts, view, rec.pooling, m.fingerprint)
+    r = await compute_features(state, req.texts, view, rec.pooling, m.fingerprint, m.precision)
     head = await run_in_threadpool(service.load_head, rec.id)
     proba = await run_in_threadpool(head.predict_proba, r.data)
     classes = [str(c) for c in head.classes_]

@@ -21,7 +21,7 @@ crash), ``restart(kill=False)`` (same data directory and port),
 Data helpers: ``sst_sentences(n, offset)`` takes distinct SST-2 dev phrases
 (a seeded shuffle; disjoint offsets share no text); ``write_tsv(path, texts,
 labels)``. Offsets used so far: test_server 0-999, test_openai_client
-1000-1099, test_server_restart 1100-1519 (a new module should start at 2000).
+1000-1099, test_server_restart 1100-1519, test_precision_http 3000-3039 (a new module should start at 3100).
 
 Example::
 

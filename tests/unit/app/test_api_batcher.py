@@ -84,6 +84,23 @@ def test_requests_within_the_window_share_one_job(setup) -> None:  # type: ignor
     assert row[0] == ENCODE_PRIORITY
 
 
+def test_requests_at_different_precisions_never_share_a_job(setup) -> None:  # type: ignore[no-untyped-def]
+    queue, make_worker = setup
+    make_worker()
+
+    async def main() -> None:
+        b = Batcher(queue, window_ms=50, max_pending=100)
+        await asyncio.gather(b.encode(["a"], model="fp", precision="bf16"),
+                             b.encode(["b"], model="fp", precision=None),
+                             b.encode(["c"], model="fp", precision="bf16"))
+
+    asyncio.run(main())
+    # each job says which precision its keys were made for; the worker computes at it
+    got = sorted((sorted(j.payload["texts"]), j.payload["precision"]) for j in queue.list())
+    # in arrival order a batch ends where the precision changes: a | b | c
+    assert got == [(["a"], "bf16"), (["b"], None), (["c"], "bf16")]
+
+
 def test_arrivals_during_a_busy_encoder_form_the_next_batch(setup) -> None:  # type: ignore[no-untyped-def]
     queue, make_worker = setup
     worker = make_worker()
