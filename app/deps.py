@@ -33,7 +33,7 @@ from app.errors import InvalidInput, NotReady, error_body
 from app.rowcache import ROW_CACHE_BYTES, RowCache
 from app.settings import Settings
 from cache.datasets import DatasetStore
-from cache.jobs import JobQueue
+from cache.jobs import JobQueue, pid_alive
 from cache.keys import ExtractionConfig
 from cache.store import FeatureStore
 
@@ -137,12 +137,9 @@ class AppState:
         if w.get("host") != self.host:
             return True  # another machine: the heartbeat is all we know
         try:
-            os.kill(int(w["pid"]), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, ValueError, TypeError):
+            return pid_alive(int(w["pid"]))
+        except (ValueError, TypeError):  # no usable pid recorded: trust the heartbeat
             return True
-        return True
 
     @property
     def ready(self) -> bool:

@@ -49,6 +49,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from app.heads_store import HeadStore
+from cache.jobs import pid_alive
 
 if TYPE_CHECKING:
     from app.deps import AppState
@@ -133,7 +134,7 @@ class ProbeService:
             pid, _, tail = rest.partition(":")
             if o_host != host or tail != "probes" or not pid.isdigit():
                 continue
-            if int(pid) == os.getpid() or _alive(int(pid)):
+            if int(pid) == os.getpid() or pid_alive(int(pid)):
                 continue
             if self.queue.release(job_id, owner, died=True):
                 log.warning("job %s: the server running it died; requeued", job_id)
@@ -246,12 +247,3 @@ class ProbeService:
             else:
                 self._loaded.pop(head_id, None)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any, Sequence
 
 from .catalog import Catalog
 
-__all__ = ["JobQueue", "Job", "JOB_STATES"]
+__all__ = ["JOB_STATES", "Job", "JobQueue", "pid_alive"]
 
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -219,3 +220,18 @@ class JobQueue:
         rows = self.catalog.conn().execute("SELECT id, pid, info, last_seen FROM workers "
                                            "WHERE last_seen > ?", (time.time() - within_s,))
         return [{"id": i, "pid": p, **json.loads(info), "last_seen": t} for i, p, info, t in rows]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` on this host still exists (a job owner's liveness).
+
+    A process we may not signal (another user's) counts as alive: only
+    "no such process" proves a job's owner died.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -33,7 +33,7 @@ import numpy as np
 from .space import ShardWriteError, as_write_error, check_room, estimate_bytes
 
 __all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "CorruptShardError",
-           "FORMAT_VERSION", "POOLINGS", "StorageRangeError", "ShardWriteError"]
+           "FORMAT_VERSION", "POOLINGS", "StorageRangeError", "ShardWriteError", "fsync_dir"]
 
 FORMAT_VERSION = 1
 POOLINGS = ("mean", "cls", "max")
@@ -137,7 +137,7 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
         if full is not None and full is not e:
             raise full from e
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return final.stat().st_size
 
 
@@ -170,7 +170,8 @@ def _write_tokens(group: h5py.Group, tokens: list[TokenRows], dtype: str) -> Non
     _dataset(group, "word_ids", np.concatenate([t.word_ids for t in tokens]).astype(np.int32))
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable (the directory entry itself)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -40,7 +40,7 @@ import numpy as np
 
 from cache.fingerprint import default_model_path
 from cache.keys import text_key
-from cache.shard import ShardContents, write_shard
+from cache.shard import ShardContents, fsync_dir, write_shard
 from cache.store import FeatureStore
 
 from .encoder import Encoder
@@ -161,7 +161,7 @@ class ShardEncoder:
             attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
             n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
             os.replace(attempt, final)
-            _fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
+            fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
             self._maybe_die()
             metas.append(json.dumps({
                 "name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
@@ -187,13 +187,6 @@ class ShardEncoder:
         os.close(fd)
         os._exit(1)
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _encoder_spec(encoder: Encoder) -> dict[str, Any]:

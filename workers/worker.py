@@ -50,9 +50,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from cache.datasets import DatasetStore
-from cache.jobs import Job, JobQueue
 from cache.compact import compact
+from cache.datasets import DatasetStore
+from cache.jobs import Job, JobQueue, pid_alive
 from cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
@@ -234,7 +234,7 @@ class Worker:
         for job_id, owner in self.queue.running_owners().items():
             host, _, rest = (owner or "").partition(":")
             pid_s = rest.partition(":")[0]
-            if host != self.host or not pid_s.isdigit() or _pid_alive(int(pid_s)):
+            if host != self.host or not pid_s.isdigit() or pid_alive(int(pid_s)):
                 continue
             if self.queue.release(job_id, owner, died=True):
                 log.warning("job %s: its worker %s died; requeued", job_id, owner)
@@ -316,12 +316,3 @@ class Worker:
         finally:
             self._urgent_depth -= 1
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

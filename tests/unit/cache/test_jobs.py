@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from cache.catalog import Catalog
-from cache.jobs import JobQueue
+from cache.jobs import JobQueue, pid_alive
 
 SHORT = 0.05  # a lease that expires within the test
 
@@ -149,3 +152,10 @@ def test_worker_liveness(q: JobQueue) -> None:
     live = q.live_workers(within_s=10)
     assert [(w["id"], w["pid"], w["device"]) for w in live] == [("w1", 123, "cpu")]
     assert q.live_workers(within_s=-1) == []
+
+
+def test_pid_alive_tells_a_running_process_from_one_that_exited() -> None:
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid no longer names a process
+    assert not pid_alive(child.pid)
