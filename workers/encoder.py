@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,9 +37,11 @@ from cache.fingerprint import default_model_path, model_fingerprint
 from cache.keys import ExtractionConfig
 from cache.shard import POOLINGS, TokenRows
 
-from .precision import autocast_dtype, precision_table, resolve_precision
+from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 
 __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
+
+log = logging.getLogger("layerbank.encoder")
 
 
 class ModelLoadError(RuntimeError):
@@ -107,6 +110,8 @@ class Encoder:
         cfg = ExtractionConfig(max_length=min(max_length or model_max, model_max),
                                truncation_side=truncation_side, storage_dtype=storage_dtype,
                                precision=resolve_precision(precision, dev))
+        if (slow := speed_warning(cfg.precision, dev)) is not None:
+            log.warning(slow)
         tok.truncation_side = truncation_side
         n_params = sum(p.numel() for p in model.parameters())
         n_bias = sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))

@@ -43,6 +43,7 @@ __all__ = [
     "cpu_has_fast_bf16",
     "precision_table",
     "resolve_precision",
+    "speed_warning",
 ]
 
 PRECISION_CHOICES = ("default", "auto", "fp32", "bf16", "fp16")
@@ -86,6 +87,19 @@ def resolve_precision(precision: str, device: torch.device | str,
     if precision == "fp16" and dev.type != "cuda":
         raise ValueError("precision fp16 needs a CUDA device; on CPU use bf16 or fp32")
     return precision
+
+
+def speed_warning(precision: str, device: torch.device | str,
+                  cpu_flags: set[str] | None = None) -> str | None:
+    """What to tell a user whose resolved mode is slower here than fp32, or None.
+
+    bf16 on a CPU without AMX ran at 0.37-0.68x fp32 (docs/precision.md):
+    still a valid choice for its numbers, but not for speed.
+    """
+    if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_has_fast_bf16(cpu_flags):
+        return ("precision bf16 on a CPU without AMX: extraction measured 0.37-0.68x the speed of "
+                "fp32 on such CPUs (docs/precision.md); use fp32 unless you want bf16's numbers")
+    return None
 
 
 def precision_table(device: torch.device | str, cpu_flags: set[str] | None = None) -> dict[str, str | None]:

@@ -19,7 +19,7 @@ from cache.shard import POOLINGS
 from cache.store import FeatureStore
 from workers.encoder import Encoder
 from workers.extract import extract
-from workers.precision import autocast_dtype, precision_table, resolve_precision
+from workers.precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 
 # a CPU with AVX-512 but neither AVX-512 BF16 nor AMX (e.g. Skylake-SP)
 PLAIN_CPU = {"fpu", "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl"}
@@ -48,6 +48,16 @@ def test_auto_stays_fp32_on_avx512_bf16_without_amx() -> None:
     no_amx = PLAIN_CPU | {"avx512_bf16", "avx512_fp16"}
     assert resolve_precision("auto", "cpu", cpu_flags=no_amx) == "fp32"
     assert resolve_precision("bf16", "cpu", cpu_flags=no_amx) == "bf16"  # still there when asked
+
+
+def test_bf16_on_a_cpu_without_amx_comes_with_a_speed_warning() -> None:
+    no_amx = PLAIN_CPU | {"avx512_bf16"}
+    assert speed_warning("bf16", "cpu", cpu_flags=no_amx) == (
+        "precision bf16 on a CPU without AMX: extraction measured 0.37-0.68x the speed of fp32 on "
+        "such CPUs (docs/precision.md); use fp32 unless you want bf16's numbers")
+    assert speed_warning("bf16", "cpu", cpu_flags=no_amx | {"amx_bf16"}) is None
+    assert speed_warning("fp32", "cpu", cpu_flags=no_amx) is None
+    assert speed_warning("bf16", "cuda", cpu_flags=no_amx) is None
 
 
 def test_default_is_fp32_on_cpu_even_where_bf16_is_available() -> None:
