@@ -60,8 +60,9 @@ def default_max_tokens(device_type: str) -> int:
     """The token budget per batch when none is given.
 
     CPU: 4,096. Throughput per CPU-second was the same from 2,048 to 16,384
-    (bench: 2,848 / 2,902 / 2,924 tokens per CPU-second), but peak RSS over
-    10,000 AG News texts was 893 MiB at 4,096 against 1.27 GiB at 16,384:
+    within noise (bench: 2,848 / 2,902 / 2,924 tokens per CPU-second), and
+    peak RSS over 10,000 AG News texts was 861-881 MiB at 4,096 against
+    951 MiB at 16,384 (``bench/extract.py --rss-child --max-tokens N``):
     long texts make big attention matrices. CUDA: 16,384 (GPU memory is
     plentiful and a bigger batch means fewer kernel launches).
     """
