@@ -34,7 +34,7 @@ from app.routes.features import json_response
 from app.schemas import JobList, JobOut, error_responses
 from cache.jobs import JOB_STATES, Job
 
-__all__ = ["job_out", "router"]
+__all__ = ["find_job", "job_out", "router"]
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 _ERRORS = error_responses(401, 404, 409, 422)
@@ -48,10 +48,11 @@ def job_out(job: Job) -> dict[str, Any]:
             "result": job.result if job.state == "succeeded" else None}
 
 
-def _get(state: AppState, job_id: str) -> Job:
+def find_job(state: AppState, job_id: str, kind: str | None = None, noun: str = "job") -> Job:
+    """The job, or a 404 naming it as ``noun`` (also when it is of another ``kind``)."""
     job = state.queue.get(job_id)
-    if job is None:
-        raise NotFound(f"no job {job_id!r}")
+    if job is None or kind not in (None, job.kind):
+        raise NotFound(f"no {noun} {job_id!r}")
     return job
 
 
@@ -65,14 +66,14 @@ async def list_jobs(state: AppState = Depends(get_state), limit: int = Query(100
 
 @router.get("/jobs/{job_id}", response_model=JobOut, responses=_ERRORS)
 async def get_job(job_id: str, state: AppState = Depends(get_state)) -> Response:
-    return json_response(job_out(_get(state, job_id)))
+    return json_response(job_out(find_job(state, job_id)))
 
 
 @router.delete("/jobs/{job_id}", response_model=JobOut, responses={
     **_ERRORS, 202: {"model": JobOut, "description": "running: it stops at its next batch"}},
     summary="Cancel a job")
 async def cancel_job(job_id: str, state: AppState = Depends(get_state)) -> Response:
-    job = _get(state, job_id)
+    job = find_job(state, job_id)
     if job.state in _TERMINAL:
         raise Conflict(f"job {job_id} already {job.state}; nothing to cancel")
     job = state.queue.cancel(job_id) or job
@@ -87,7 +88,7 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     **_ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "progress events"}},
     response_class=StreamingResponse, summary="Progress as server-sent events")
 async def job_events(job_id: str, state: AppState = Depends(get_state)) -> StreamingResponse:
-    _get(state, job_id)
+    find_job(state, job_id)
 
     async def events() -> AsyncIterator[bytes]:
         last: str | None = None

@@ -42,6 +42,7 @@ from app.errors import Conflict, NotFound
 from app.probe_requests import ProbeCreate, sentence_payload, token_payload
 from app.probe_service import ProbeService
 from app.routes.features import json_response, require_json
+from app.routes.jobs import find_job, job_out
 from app.schemas import error_responses
 from cache.jobs import Job
 
@@ -80,16 +81,12 @@ def _links(job: Job) -> dict[str, str | None]:
 
 
 def probe_out(job: Job) -> dict[str, Any]:
-    return {**job.public(), "job_id": job.id, "task": job.payload.get("task"), "request": job.payload,
-            "cancel_requested": job.cancel_requested,
-            "result": job.result if job.state == "succeeded" else None, "links": _links(job)}
+    return {**job_out(job), "job_id": job.id, "task": job.payload.get("task"), "request": job.payload,
+            "links": _links(job)}
 
 
 def _probe_job(state: AppState, probe_id: str) -> Job:
-    job = state.queue.get(probe_id)
-    if job is None or job.kind != "probe":
-        raise NotFound(f"no probe {probe_id!r}")
-    return job
+    return find_job(state, probe_id, kind="probe", noun="probe")
 
 
 @router.post("/probes", status_code=202, responses={**_ERRORS, 202: {"description": "probe queued"}},

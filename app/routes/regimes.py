@@ -36,9 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import AppState, get_state
-from app.errors import Conflict, InvalidInput, NotFound
-from app.routes.features import json_response, require_json
+from app.errors import Conflict, InvalidInput
 from app.probe_requests import ready_dataset
+from app.routes.features import json_response, require_json
+from app.routes.jobs import find_job, job_out
 from app.schemas import error_responses
 from cache.jobs import Job
 
@@ -130,17 +131,12 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
 
 def regimes_out(job: Job) -> dict[str, Any]:
     base = f"/v1/regimes/{job.id}"
-    return {**job.public(), "job_id": job.id, "request": job.payload,
-            "cancel_requested": job.cancel_requested,
-            "result": job.result if job.state == "succeeded" else None,
+    return {**job_out(job), "job_id": job.id, "request": job.payload,
             "links": {"self": base, "job": f"/v1/jobs/{job.id}", "plot": f"{base}/plot.png"}}
 
 
 def _regimes_job(state: AppState, regimes_id: str) -> Job:
-    job = state.queue.get(regimes_id)
-    if job is None or job.kind != "regimes":
-        raise NotFound(f"no regimes job {regimes_id!r}")
-    return job
+    return find_job(state, regimes_id, kind="regimes", noun="regimes job")
 
 
 @router.post("/regimes", status_code=202, responses={**_ERRORS, 202: {"description": "regimes job queued"}},
