@@ -38,6 +38,7 @@ __all__ = [
     "JobList",
     "JobOut",
     "Pooling",
+    "Precision",
     "Progress",
     "ReadyOut",
     "Text",

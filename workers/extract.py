@@ -29,8 +29,7 @@ from cache.store import FeatureStore
 from .batching import batch_cost_tokens, default_max_tokens, min_padding_batches
 from .encoder import Encoded, Encoder
 
-__all__ = ["ExtractSummary", "Part", "Plan", "Progress", "Stopped", "count_truncated_hits", "extract",
-           "plan_parts"]
+__all__ = ["ExtractSummary", "Part", "Plan", "Progress", "Stopped", "extract", "plan_parts"]
 
 
 class Stopped(Exception):
@@ -90,7 +89,8 @@ class Part:
 
 @dataclass
 class Plan:
-    """What a job must encode: its parts, and the summary so far (keys, hits)."""
+    """What a job must encode: its parts, and the summary so far (keys, hits
+    and the truncated texts among them)."""
 
     summary: ExtractSummary
     parts: list[Part]
@@ -116,17 +116,14 @@ def plan_parts(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, j
     summary = ExtractSummary(texts=len(texts), unique_texts=len(uniq), keys=keys)
     hits = store.lookup(uniq, need_tokens=want_tokens)
     summary.cache_hits = len(hits)
+    # truncation among hits counts too: the summary describes the whole input
+    summary.truncated = sum(1 for e in hits.values() if e.truncated)
     parts = []
     for p, start in enumerate(range(0, len(uniq), part_size)):
         misses = [k for k in uniq[start : start + part_size] if k not in hits]
         if misses:
             parts.append(Part(f"{job_id}-{p:05d}", misses, [texts[first[k]] for k in misses]))
     return Plan(summary, parts, hits)
-
-
-def count_truncated_hits(summary: ExtractSummary, hits: dict[str, Any]) -> None:
-    """Add truncation among cache hits: the summary describes the whole input."""
-    summary.truncated += sum(1 for e in hits.values() if e.truncated)
 
 
 def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
@@ -164,7 +161,6 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
         summary.tokens_encoded += int(encoded.n_tokens.sum())
         summary.truncated += int(encoded.truncated.sum())
     summary.seconds = time.perf_counter() - t0
-    count_truncated_hits(summary, plan.hits)
     return summary
 
 

@@ -44,7 +44,7 @@ from cache.shard import ShardContents, fsync_dir, write_shard
 from cache.store import FeatureStore
 
 from .encoder import Encoder
-from .extract import ExtractSummary, Progress, Stopped, _encode_part, count_truncated_hits, plan_parts
+from .extract import ExtractSummary, Progress, Stopped, _encode_part, plan_parts
 
 __all__ = [
     "INSTALL_HINT",
@@ -250,7 +250,6 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
             if started:
                 require_ray().shutdown()
     summary.seconds = time.perf_counter() - t0
-    count_truncated_hits(summary, plan.hits)
     return summary
 
 

@@ -25,7 +25,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
@@ -45,6 +45,7 @@ from app.schemas import (
     DatasetOut,
     DatasetTexts,
     DatasetWords,
+    Precision,
     error_responses,
 )
 from cache.datasets import Dataset
@@ -68,7 +69,7 @@ _CREATE_BODY = {"requestBody": {"required": True, "content": {
         "name": {"type": "string"}, "format": {"type": "string", "enum": list(_UPLOAD_FORMATS)},
         "text_column": {"type": "string"}, "label_column": {"type": "string"},
         "no_header": {"type": "boolean"}, "tag_column": {"type": "integer"},
-        "precision": {"type": "string", "enum": ["default", "auto", "fp32", "bf16", "fp16"]}}}}}}}
+        "precision": {"type": "string", "enum": list(get_args(Precision))}}}}}}}
 
 
 def _public(state: AppState, ds: Dataset) -> dict[str, Any]:

@@ -223,7 +223,8 @@ def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
     usage = {"texts": len(rows), "cache_hits": int(r.cached.sum()),
              "tokens_computed": r.tokens_computed}
     body = {"model": r.model.name, "precision": r.model.precision, "view": r.view.spec,
-            "pooling": r.pooling, "dim": shape[-1], "shape": shape, "format": fmt, "dtype": dtype if fmt == "base64" else "float32",
+            "pooling": r.pooling, "dim": shape[-1], "shape": shape, "format": fmt,
+            "dtype": dtype if fmt == "base64" else "float32",
             "data": [{"index": i, "embedding": e, "cached": bool(c), "n_tokens": int(t),
                       "truncated": bool(tr)}
                      for i, (e, c, t, tr) in enumerate(zip(rows, r.cached, r.n_tokens, r.truncated))],
