@@ -190,6 +190,22 @@ class ServerProcess:
     def delete(self, path: str, **kw: Any) -> httpx.Response:
         return self.request("DELETE", path, **kw)
 
+    def wait_job(self, job_id: str, timeout: float = 240,
+                 until: tuple[str, ...] = ("succeeded", "failed", "cancelled")) -> dict[str, Any]:
+        """Poll ``/v1/jobs/{id}`` until its state is in ``until``; the job, with
+        ``seen_progress``: every progress it showed while polled. Unlike
+        ``Client.wait`` a failed job is returned, for the test to assert on."""
+        deadline = time.monotonic() + timeout
+        seen: list[dict[str, Any]] = []
+        while True:
+            job = self.get(f"/v1/jobs/{job_id}").json()
+            seen.append(job["progress"])
+            if job["state"] in until:
+                job["seen_progress"] = seen
+                return job  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, job
+            time.sleep(0.1)
+
     def metric(self, name: str, labels: str = "") -> float:
         """One sample from /metrics, e.g. metric("layerbank_cache_hits_total")."""
         want = f"{name}{{{labels}}}" if labels else name

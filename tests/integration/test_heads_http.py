@@ -6,10 +6,8 @@ same head fitted here, and the same again after the server restarts.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,26 +19,17 @@ from tests.integration.conftest import SHARED_SETTINGS, ServerProcess, sst_sente
 pytestmark = pytest.mark.integration
 
 
-def _wait(server: ServerProcess, job_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (job := server.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed",
-                                                                            "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
-    return job  # type: ignore[no-any-return]
-
-
 def test_head_predicts_like_the_same_head_fitted_here_before_and_after_restart(
         server_factory: Callable[..., ServerProcess]) -> None:
     s = server_factory(**SHARED_SETTINGS)
     texts, labels = sst_sentences(160, 2000)
     ds = s.post("/v1/datasets", json={"name": "sst2-head", "texts": texts, "labels": labels}).json()
-    assert _wait(s, ds["job_id"])["state"] == "succeeded"
+    assert s.wait_job(ds["job_id"])["state"] == "succeeded"
     r = s.post("/v1/heads", json={"dataset": ds["id"], "view": "layer:4", "pooling": "mean",
                                   "name": "sentiment"})
     assert r.status_code == 202, r.text
     head = r.json()
-    assert _wait(s, head["job_id"])["state"] == "succeeded"
+    assert s.wait_job(head["job_id"])["state"] == "succeeded"
 
     got = s.get(f"/v1/heads/{head['id']}").json()
     directory = s.data_dir / "heads" / head["id"]

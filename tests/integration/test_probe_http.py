@@ -7,28 +7,13 @@ Texts: SST-2 dev phrases from offset 2000 (conftest.sst_sentences).
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.conftest import ServerProcess, sst_sentences, write_tsv
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(server: ServerProcess, job_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    seen: list[dict[str, Any]] = []
-    while True:
-        job = server.get(f"/v1/jobs/{job_id}").json()
-        seen.append(job["progress"])
-        if job["state"] in ("succeeded", "failed", "cancelled"):
-            job["seen_progress"] = seen
-            return job  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -50,13 +35,13 @@ def test_probe_job_runs_in_a_pool_process_with_progress_and_plots(layerbank_serv
     assert f"its extraction job {ds['job_id']} is queued" in body["error"]
     assert early.headers["retry-after"] == "2"
     s.delete(f"/v1/jobs/{busy['job_id']}")  # not needed any more
-    assert _wait(s, ds["job_id"])["state"] == "succeeded"
+    assert s.wait_job(ds["job_id"])["state"] == "succeeded"
 
     r = s.post("/v1/probes", json={"dataset": ds["id"], "views": ["layer:1", "layer:-1", "scalar_mix"],
                                    "poolings": ["mean", "cls"], "cv": 3, "train_sizes": [40]})
     assert r.status_code == 202, r.text
     probe = r.json()
-    job = _wait(s, probe["id"])
+    job = s.wait_job(probe["id"])
     assert job["state"] == "succeeded", job["error"]
     assert job["kind"] == "probe" and job["progress"]["done"] == job["progress"]["total"]
     assert any(p.get("total") for p in job["seen_progress"])  # progress was visible while it ran
@@ -94,7 +79,7 @@ def test_probe_bad_input_over_http(layerbank_server: ServerProcess, tmp_path: Pa
     few = s.post("/v1/datasets", json={"name": "few", "texts": texts,
                                        "labels": ["0"] * 10 + ["1"] * 2}).json()
     for ds in (one, few):
-        assert _wait(s, ds["job_id"])["state"] == "succeeded"
+        assert s.wait_job(ds["job_id"])["state"] == "succeeded"
     cases = [
         ({"dataset": one["id"]}, "all 12 labels are the same class '1'"),
         ({"dataset": few["id"], "cv": 3}, "class '1' has 2 examples, fewer than the 3 cross-validation folds"),

@@ -22,7 +22,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 import ray as ray
 
 from cache.datasets import DatasetStore

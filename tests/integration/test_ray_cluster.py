@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import ray as ray
-
 from ray.cluster_utils import Cluster
 
 from cache.store import FeatureStore

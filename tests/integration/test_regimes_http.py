@@ -10,7 +10,6 @@ cancelled one, 4860-4869 the features request after it.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
@@ -20,20 +19,11 @@ pytestmark = pytest.mark.integration
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _wait(server: ServerProcess, job_id: str, timeout: float = 180,
-          until: tuple[str, ...] = ("succeeded", "failed", "cancelled")) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (job := server.get(f"/v1/jobs/{job_id}").json())["state"] not in until:
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
-    return job  # type: ignore[no-any-return]
-
-
 def _dataset(server: ServerProcess, n: int, offset: int) -> str:
     texts, labels = sst_sentences(n, offset)
     ds = server.post("/v1/datasets", json={"name": f"regimes-{offset}", "texts": texts,
                                            "labels": labels}).json()
-    assert _wait(server, ds["job_id"])["state"] == "succeeded"
+    assert server.wait_job(ds["job_id"], timeout=180)["state"] == "succeeded"
     return str(ds["id"])
 
 
@@ -45,7 +35,7 @@ def test_a_small_seeded_sst2_subset_runs_end_to_end_on_cpu(layerbank_server: Ser
                                     "max_epochs": 1})
     assert r.status_code == 202, r.text
     rid = r.json()["id"]
-    job = _wait(s, rid, timeout=90)
+    job = s.wait_job(rid, timeout=90)
     took = time.monotonic() - started
     assert job["state"] == "succeeded", job["error"]
     assert job["kind"] == "regimes" and job["progress"] == {"done": 2, "total": 2}
@@ -78,12 +68,12 @@ def test_cancelling_a_running_regimes_job_stops_it(layerbank_server: ServerProce
     r = s.post("/v1/regimes", json={"dataset": ds, "regimes": ["full", "gradual"], "seeds": 3,
                                     "max_epochs": 5})
     rid = r.json()["id"]
-    _wait(s, rid, timeout=60, until=("running", "succeeded", "failed", "cancelled"))
+    s.wait_job(rid, timeout=60, until=("running", "succeeded", "failed", "cancelled"))
     time.sleep(2)  # inside the fine-tune (the encoder copy loads in well under that)
     cancel = s.delete(f"/v1/regimes/{rid}")
     assert cancel.status_code == 202 and cancel.json()["cancel_requested"] is True, cancel.text
     asked = time.monotonic()
-    job = _wait(s, rid, timeout=60)
+    job = s.wait_job(rid, timeout=60)
     assert job["state"] == "cancelled", job
     assert time.monotonic() - asked < 30  # heartbeat (1 s) + one training step of 16 texts
     assert not (s.data_dir / "regimes" / rid).exists()  # half a comparison is not kept
@@ -106,7 +96,7 @@ def test_bad_regimes_requests_get_statuses_and_messages(layerbank_server: Server
     early = s.post("/v1/regimes", json={"dataset": unlabelled["id"]})
     if early.status_code == 409:  # still extracting: the job id tells the user what to wait for
         assert early.json()["job_id"] == unlabelled["job_id"] and "not extracted yet" in early.json()["error"]
-        _wait(s, unlabelled["job_id"])
+        s.wait_job(unlabelled["job_id"], timeout=180)
     r = s.post("/v1/regimes", json={"dataset": unlabelled["id"]})
     assert r.status_code == 422 and "4 of 4 texts have no label" in r.json()["error"]
     r = s.post("/v1/regimes", json={"dataset": unlabelled["id"], "regimes": ["frozen", "prompt"]})

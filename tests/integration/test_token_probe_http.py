@@ -10,24 +10,13 @@ BERT-family encoders reports.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.conftest import DATA, ServerProcess
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(server: ServerProcess, job_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (job := server.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed",
-                                                                            "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
-    return job  # type: ignore[no-any-return]
 
 
 def _head(src: Path, n: int, dst: Path) -> tuple[Path, int]:
@@ -47,13 +36,13 @@ def test_conll_subset_token_probe_over_http(layerbank_server: ServerProcess, tmp
         assert r.status_code == 202, r.text
         assert r.json()["task"] == "token" and r.json()["n_items"] == n
         ids[split] = r.json()["id"]
-        assert _wait(s, r.json()["job_id"])["state"] == "succeeded"
+        assert s.wait_job(r.json()["job_id"])["state"] == "succeeded"
 
     r = s.post("/v1/probes", json={"task": "token_classification", "train": ids["train"],
                                    "valid": ids["valid"], "views": ["layer:0", "layer:3", "layer:6"]})
     assert r.status_code == 202, r.text
     probe = r.json()
-    job = _wait(s, probe["id"])
+    job = s.wait_job(probe["id"])
     assert job["state"] == "succeeded", job["error"]
     result = s.get(f"/v1/probes/{probe['id']}").json()["result"]
     assert result["metric"] == "f1" and result["n_words"] == {"train": n_train, "valid": n_valid}
