@@ -173,7 +173,7 @@ class FeatureStore:
         for shard, idx in sorted(by_shard.items()):
             rows = np.array([entries[keys[i]].row for i in idx], dtype=np.int64)
             try:
-                block = self._read_checked(shard, rows, [keys[i] for i in idx], pooling)
+                block = self._checked_reader(shard, rows, [keys[i] for i in idx]).read_pooled(rows, pooling)
             except CorruptShardError as e:
                 if self.catalog.shard_info(shard) is None and not _retried:
                     # compacted (or re-committed) between our lookup and our read:
@@ -199,18 +199,18 @@ class FeatureStore:
             data = np.zeros((len(keys), 0, 0), dtype=np.float32)
         return ReadResult(data, found, [entries.get(k) for k in keys])
 
-    def _read_checked(self, shard: str, rows: np.ndarray, want: list[str], pooling: str) -> np.ndarray:
-        """Read rows and check they hold the keys asked for.
+    def _checked_reader(self, shard: str, rows: np.ndarray, want: list[str]) -> ShardReader:
+        """The shard's reader, once its ``rows`` are seen to hold the keys asked for.
 
         A handle cached before its shard name was re-committed (a re-run of
         the same job part) would point at the old file; reading the keys
-        with the rows catches that, and the handle is reopened once.
+        before the rows catches that, and the handle is reopened once.
+        Still other keys: the shard is damaged (CorruptShardError).
         """
-        for attempt in (0, 1):
+        for _ in (0, 1):
             reader = self._reader(shard)
-            got = reader._read_rows("keys", rows)
-            if [g.decode() for g in got] == want:
-                return reader.read_pooled(rows, pooling)
+            if [g.decode() for g in reader._read_rows("keys", rows)] == want:
+                return reader
             self._forget_reader(shard)
         raise CorruptShardError(self.shard_dir / shard, "rows do not hold the keys the catalog lists")
 
@@ -254,24 +254,13 @@ class FeatureStore:
         for shard, idx in sorted(by_shard.items()):
             rows = np.array([entries[keys[i]].row for i in idx], dtype=np.int64)
             try:
-                got = self._read_tokens_checked(shard, rows, [keys[i] for i in idx], wanted)
+                got = self._checked_reader(shard, rows, [keys[i] for i in idx]).read_tokens_many(rows, wanted)
             except CorruptShardError as err:
                 self.quarantine(shard, str(err))
                 continue
             for i, t in zip(idx, got):
                 out[i] = t
         return out
-
-    def _read_tokens_checked(self, shard: str, rows: np.ndarray, want: list[str],
-                             layers: list[int] | None) -> list[TokenRows]:
-        """As ``_read_checked``: reopen a stale handle once, then call it damaged."""
-        for attempt in (0, 1):
-            reader = self._reader(shard)
-            got = reader._read_rows("keys", rows)
-            if [g.decode() for g in got] == want:
-                return reader.read_tokens_many(rows, layers)
-            self._forget_reader(shard)
-        raise CorruptShardError(self.shard_dir / shard, "rows do not hold the keys the catalog lists")
 
     def close(self) -> None:
         with self._lock:
