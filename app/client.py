@@ -2,7 +2,7 @@
 
 Example::
 
-    from app.client import Client
+    from layerbank.app.client import Client
 
     lb = Client("http://127.0.0.1:8000")                  # api_key="..." if the server has one
     X = lb.features(["a great film", "a dull play"])      # [2, 384] float32, the default view

@@ -75,7 +75,7 @@ def load_model_path(arg: str | None) -> str:
     """The model directory: ``arg`` if given, else the bundled all-MiniLM-L6-v2."""
     if arg:
         return arg
-    from cache.fingerprint import default_model_path
+    from layerbank.cache.fingerprint import default_model_path
 
     return str(default_model_path())
 
@@ -89,7 +89,7 @@ def quiet_transformers() -> None:
 
 def time_extraction(texts: list[str], enc: Any, real_tokens: int, max_tokens: int | None = None,
                     keep: dict[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
-    """A run of ``workers.extract.extract`` into a fresh store in a temp dir.
+    """A run of ``layerbank.workers.extract.extract`` into a fresh store in a temp dir.
 
     Returns tokens/s (real tokens), texts/s, bytes per text, cached reads
     per second (every hidden state, mean pooling, read back three times,
@@ -99,9 +99,9 @@ def time_extraction(texts: list[str], enc: Any, real_tokens: int, max_tokens: in
     """
     import tempfile
 
-    from cache.shard import POOLINGS
-    from cache.store import FeatureStore
-    from workers.extract import extract
+    from layerbank.cache.shard import POOLINGS
+    from layerbank.cache.store import FeatureStore
+    from layerbank.workers.extract import extract
 
     def run() -> dict[str, Any]:
         timer = Timer()

@@ -3,7 +3,7 @@
 On the first N AG News texts (1,000 by default), real (non-padding) tokens
 per second of:
 
-(a) ``layerbank``: ``workers.extract.extract`` into a fresh ``FeatureStore``
+(a) ``layerbank``: ``layerbank.workers.extract.extract`` into a fresh ``FeatureStore``
     in a temp dir: every hidden state, mean/cls/max pooled, written to HDF5
     and committed (tokenizing, hashing keys and the catalog included);
 (b) ``hf-loop``: a plain ``transformers.AutoModel`` loop, batches of 32 in
@@ -53,10 +53,10 @@ from common import (AGNEWS, ROOT, alternate, bert_flops_per_text, environment,
 
 # repo modules before numpy/torch: importing workers sets the OpenMP and oneDNN
 # defaults (workers/__init__.py), which only work before torch loads
-from cache.store import FeatureStore
-from workers.encoder import Encoder, set_threads
-from workers.extract import extract
-from workers.precision import autocast_dtype
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.encoder import Encoder, set_threads
+from layerbank.workers.extract import extract
+from layerbank.workers.precision import autocast_dtype
 
 import numpy as np
 import torch

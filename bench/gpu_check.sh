@@ -84,8 +84,8 @@ import sys
 import numpy as np
 sys.path.insert(0, "bench")
 from common import quiet_transformers, read_tsv
-from workers.encoder import Encoder
-from workers.batching import min_padding_batches
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.batching import min_padding_batches
 quiet_transformers()
 texts, _ = read_tsv(sys.argv[1], 256)
 out = {}

@@ -295,7 +295,7 @@ def _start_server(data_dir: Path, model: str | None, queue_depth: int) -> tuple[
     if model:
         env["LAYERBANK_MODEL"] = model
     with open(data_dir.parent / "server.log", "wb") as log:  # the child keeps its own copy
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data_dir),
+        proc = subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(data_dir),
                                  "--port", "0"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -4,7 +4,7 @@ Devlin et al. (2019), Table 7, froze BERT-base and fed its states to a
 two-layer BiLSTM tagger on CoNLL-2003 (development F1). This script repeats
 the experiment with layerbank: it extracts token-level states of every layer
 for CoNLL-2003 train and valid, takes one vector per word (first sub-token,
-as the paper did), fits a linear tagger per view (app.token_probe) and prints
+as the paper did), fits a linear tagger per view (layerbank.app.probes.token_probe) and prints
 entity F1 next to the paper's figures, with extraction time and bytes stored
 per token.
 
@@ -38,10 +38,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.token_probe import run_token_probe
-from app.word_features import sentence_texts, uncovered_words, word_states
-from app.wordsets import read_wordset
-from workers.local import LocalExtractor
+from layerbank.app.probes.token_probe import run_token_probe
+from layerbank.app.probes.word_features import sentence_texts, uncovered_words, word_states
+from layerbank.app.probes.wordsets import read_wordset
+from layerbank.workers.local import LocalExtractor
 
 DATA = ROOT.parent / "shared" / "data" / "conll2003"
 

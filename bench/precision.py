@@ -1,6 +1,6 @@
 """What bf16 costs and buys against fp32 (issue 9), in one run.
 
-1. Speed: layerbank extraction (``workers.extract.extract`` into a fresh
+1. Speed: layerbank extraction (``layerbank.workers.extract.extract`` into a fresh
    store) of the first 1,000 AG News texts at fp32 and at bf16, alternating,
    best of ``--rounds``; real tokens per second and the ratio (target: bf16
    >= 2x fp32 on a CPU with AMX). The bf16 / fp32 ratio of a
@@ -40,11 +40,11 @@ from common import (AGNEWS, ROOT, SST2_TEST, alternate, environment, load_model_
 
 # repo modules before numpy/torch: importing workers sets the OpenMP and oneDNN
 # defaults (workers/__init__.py), which only work before torch loads
-from cache.shard import POOLINGS
-from cache.store import FeatureStore
-from workers.encoder import Encoder, set_threads
-from workers.extract import extract
-from workers.precision import autocast_dtype, cpu_flags, cpu_has_fast_bf16, resolve_precision
+from layerbank.cache.shard import POOLINGS
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.encoder import Encoder, set_threads
+from layerbank.workers.extract import extract
+from layerbank.workers.precision import autocast_dtype, cpu_flags, cpu_has_fast_bf16, resolve_precision
 
 import numpy as np
 import torch

@@ -5,7 +5,7 @@ the bundled all-MiniLM-L6-v2 (7 hidden states h_0..h_6, d = 384).
 
 - layerbank: the texts are extracted once into a fresh store (timed, reported
   as the one-time cost); then the sweep -- every hidden state x {mean, cls} x
-  5 stratified folds, logistic head (app.probe.run_probe, no control task, no
+  5 stratified folds, logistic head (layerbank.app.probes.sweep.run_probe, no control task, no
   learning curve), reading the features from the store -- is timed: wall
   seconds and CPU seconds of this process.
 - today's loop: for each (hidden state, pooling), run the encoder with
@@ -73,8 +73,8 @@ class Clock:
 
 
 def sweep(data_dir: Path, texts: list[str], labels: list[str], threads: int) -> dict[str, Any]:
-    from app.probe import run_probe
-    from workers.local import LocalExtractor
+    from layerbank.app.probes.sweep import run_probe
+    from layerbank.workers.local import LocalExtractor
 
     with LocalExtractor.open(data_dir, threads=threads) as ex:
         with Clock() as extraction:
@@ -102,7 +102,7 @@ def baseline(texts: list[str], labels: list[str], probes: list[tuple[int, str]],
     from sklearn.preprocessing import StandardScaler
     from transformers import AutoModel, AutoTokenizer
 
-    from cache.fingerprint import default_model_path
+    from layerbank.cache.fingerprint import default_model_path
 
     torch.set_num_threads(threads)
     path = default_model_path()

@@ -49,9 +49,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cache.store import FeatureStore
-from workers.backends import make_backend
-from workers.encoder import Encoder, set_threads
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.backends import make_backend
+from layerbank.workers.encoder import Encoder, set_threads
 
 DATA = ROOT.parent / "shared" / "data" / "agnews" / "dev.tsv"
 

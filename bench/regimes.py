@@ -2,7 +2,7 @@
 
 Samples a pool from ../shared/data/sst2/train.tsv (seeded), splits it once
 (stratified: ``--val`` validation and ``--test`` test sentences, the rest
-train), and runs ``workers.regimes_job.run_regimes`` with the bundled
+train), and runs ``layerbank.workers.regimes.run.run_regimes`` with the bundled
 all-MiniLM-L6-v2 on the CPU at training sizes 100, 500 and 2,000 (each seed
 draws its own stratified subsample of the train split; every regime of a seed
 shares it). Prints the table (test macro-F1 and accuracy, trainable share,
@@ -14,7 +14,7 @@ bytes per task, seconds per epoch, peak memory) per size, and the verdict.
 Settings chosen to stay near 30 minutes on two shared cores, and so smaller
 than a tuned study: at most 3 / 1 / 1 epochs for 100 / 500 / 2,000 sentences,
 max_length 32 (SST-2 training phrases average 13 tokens; 6% exceed 32),
-batch 32, default learning rates (``workers.regimes_job.DEFAULT_LR``),
+batch 32, default learning rates (``layerbank.workers.regimes.run.DEFAULT_LR``),
 fine-tuned heads starting from the last layer's probe (LP-FT), one torch
 thread (on the shared machine two threads ran 5x slower, not faster).
 The documented run took 37.6 minutes of wall time, at a load average of
@@ -60,8 +60,8 @@ def main() -> None:
 
     import torch
 
-    from workers.regimes_job import run_regimes
-    from workers.regimes_plot import format_regimes_table, regimes_plot_png
+    from layerbank.workers.regimes.run import run_regimes
+    from layerbank.workers.regimes.plot import format_regimes_table, regimes_plot_png
 
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -51,7 +51,7 @@ class Server:
         env["LAYERBANK_LOG_LEVEL"] = "WARNING"
         self.data_dir = data_dir
         self.log = open(data_dir.parent / f"{data_dir.name}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--data-dir",
+        self.proc = subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir",
                                       str(data_dir), "--port", "0"], cwd=ROOT, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300

@@ -5,13 +5,13 @@ Unit tests never load real weights: ``tiny_model_dir`` builds a 2-layer,
 numbers) and saves it next to the bundled model's real tokenizer, so that
 tokenization, offsets and word ids are realistic while a forward pass costs
 microseconds. Integration tests (tests/integration/) use the bundled model
-itself via ``cache.fingerprint.default_model_path()``.
+itself via ``layerbank.cache.fingerprint.default_model_path()``.
 
 Fixtures
 --------
 ``tiny_model_dir`` (session)
     Path (str) of a directory that ``transformers.AutoModel`` /
-    ``AutoTokenizer`` and ``workers.encoder.Encoder.load`` accept: 2 layers
+    ``AutoTokenizer`` and ``layerbank.workers.encoder.Encoder.load`` accept: 2 layers
     (so 3 hidden states h_0..h_2), hidden size 32, max 64 positions.
 ``tiny_encoder`` (function)
     ``Encoder.load(tiny_model_dir, device="cpu")``: a fresh encoder per test,
@@ -19,7 +19,7 @@ Fixtures
 ``store`` (function)
     ``FeatureStore(tmp_path / "data")``, closed after the test.
 ``tiny_api`` / ``tiny_api_factory(worker=True, **settings)`` (function)
-    The HTTP app in a ``TestClient`` with a ``workers.worker.Worker`` running
+    The HTTP app in a ``TestClient`` with a ``layerbank.workers.worker.Worker`` running
     in a thread on the tiny model: ``.client``, ``.worker``, ``.settings``.
 
 Example::
@@ -49,7 +49,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from cache.fingerprint import default_model_path
+    from layerbank.cache.fingerprint import default_model_path
 
     # one thread: a tiny model gains nothing from more, and on a shared, busy
     # machine extra OpenMP threads spin and wait (measured 15x slower with 2)
@@ -68,16 +68,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def tiny_encoder(tiny_model_dir: str):  # type: ignore[no-untyped-def]
-    """A fresh ``workers.encoder.Encoder`` on the tiny model, on the CPU."""
-    from workers.encoder import Encoder
+    """A fresh ``layerbank.workers.encoder.Encoder`` on the tiny model, on the CPU."""
+    from layerbank.workers.encoder import Encoder
 
     return Encoder.load(tiny_model_dir, device="cpu")
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Any]:
-    """An empty ``cache.store.FeatureStore`` under the test's tmp directory."""
-    from cache.store import FeatureStore
+    """An empty ``layerbank.cache.store.FeatureStore`` under the test's tmp directory."""
+    from layerbank.cache.store import FeatureStore
 
     s = FeatureStore(tmp_path / "data")
     yield s
@@ -100,7 +100,7 @@ class TinyApi:
 def tiny_api_factory(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[..., TinyApi]]:
     """``tiny_api_factory(worker=True, **settings) -> TinyApi``; everything stops afterwards.
 
-    ``settings`` are ``app.settings.Settings`` fields (``api_key=...``,
+    ``settings`` are ``layerbank.app.api.settings.Settings`` fields (``api_key=...``,
     ``max_texts_per_request=...``); ``worker=False`` gives an app with no
     worker (never ready), for error paths.
     """
@@ -109,11 +109,11 @@ def tiny_api_factory(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[.
 
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
-    from app.settings import Settings
-    from cache.store import FeatureStore
-    from workers.encoder import Encoder
-    from workers.worker import Worker, WorkerOptions
+    from layerbank.app.api.main import create_app
+    from layerbank.app.api.settings import Settings
+    from layerbank.cache.store import FeatureStore
+    from layerbank.workers.encoder import Encoder
+    from layerbank.workers.worker import Worker, WorkerOptions
 
     stops: list[Callable[[], None]] = []
 

@@ -1,4 +1,6 @@
-"""Extraction workers: encoder loading, tokenizing, batching, pooling, shard writing.
+"""Extraction workers: encoder loading, tokenizing, batching, pooling, shard writing; ``regimes/`` for fine-tuning.
+
+May import torch, transformers and ``layerbank.cache``; never ``layerbank.app``.
 
 Importing any ``workers`` module first sets two process-wide defaults for the
 CPU libraries under torch, before torch loads them (a user's own values win;

@@ -7,17 +7,17 @@ way (the job's unique texts in length order, cut into parts; part ``p`` is
 shard ``{job_id}-{p:05d}``), so they store the same shards with the same
 numbers, and a job re-run on either skips parts the other committed.
 
-- ``EmbeddedBackend``: this process's encoder (``workers.extract.extract``);
+- ``EmbeddedBackend``: this process's encoder (``layerbank.workers.extract.extract``);
   the default, no extra services.
 - ``RayBackend``: a Ray Data pipeline of encoder actors on a Ray cluster
-  (``workers.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
+  (``layerbank.workers.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
   catalog stays here: actors write shards to the shared shard directory and
   only this process commits them.
 
-``progress`` receives a ``workers.extract.Progress`` (done, total, tokens,
+``progress`` receives a ``layerbank.workers.extract.Progress`` (done, total, tokens,
 tokens per second, ETA). ``should_continue`` is asked between units of work
 (batches; for Ray, at least once a second); when it returns False the run
-raises ``workers.extract.Stopped`` and committed parts stay valid.
+raises ``layerbank.workers.extract.Stopped`` and committed parts stay valid.
 
 Example::
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from cache.store import FeatureStore
+from layerbank.cache.store import FeatureStore
 
 from .encoder import Encoder
 from .extract import ExtractSummary, Progress, extract

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from cache.fingerprint import default_model_path, model_fingerprint
-from cache.keys import ExtractionConfig
-from cache.shard import POOLINGS, TokenRows
+from layerbank.cache.fingerprint import default_model_path, model_fingerprint
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import POOLINGS, TokenRows
 
 from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cache.shard import ShardContents, TokenRows
-from cache.store import FeatureStore
+from layerbank.cache.shard import ShardContents, TokenRows
+from layerbank.cache.store import FeatureStore
 
 from .batching import batch_cost_tokens, default_max_tokens, min_padding_batches
 from .encoder import Encoded, Encoder
@@ -133,7 +133,7 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
     """Encode the texts not yet stored for this encoder and config; commit shards.
 
     ``max_tokens``: padded tokens per batch; None for the device's default
-    (``workers.batching.default_max_tokens``: 4,096 on CPU, 16,384 on CUDA).
+    (``layerbank.workers.batching.default_max_tokens``: 4,096 on CPU, 16,384 on CUDA).
     """
     t0 = time.perf_counter()
     plan = plan_parts(texts, store, encoder, job_id=job_id, part_size=part_size,
@@ -233,7 +233,7 @@ def _storage_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
     than numpy's cast, which was a third of the shard write).
 
     Rows that would overflow are returned as float32, unchanged, so that the
-    shard writer refuses them with its own error (cache.shard.StorageRangeError).
+    shard writer refuses them with its own error (layerbank.cache.shard.StorageRangeError).
     """
     if dtype != "float16":
         return rows

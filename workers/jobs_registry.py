@@ -1,11 +1,11 @@
 """Job kinds the worker runs: a registry from kind name to handler.
 
-A handler takes a ``workers.worker.JobContext`` and returns a JSON-serialisable
+A handler takes a ``layerbank.workers.worker.JobContext`` and returns a JSON-serialisable
 result (stored as the job's ``result``). It raises ``JobError`` for a job that
 cannot run as submitted (the message becomes the job's error text, shown to
 users), and checks ``ctx.should_continue()`` between units of work (batches,
 epochs): when it turns False the handler should raise (any exception, e.g.
-``workers.extract.Stopped``); the worker then records cancelled or hands the
+``layerbank.workers.extract.Stopped``); the worker then records cancelled or hands the
 job back, whichever applies.
 
 Built-in kinds:
@@ -17,7 +17,7 @@ Built-in kinds:
 
 To add a kind, in your own module::
 
-    from workers.jobs_registry import register_kind
+    from layerbank.workers.jobs_registry import register_kind
 
     @register_kind("regimes")
     def run_regimes_job(ctx) -> dict:
@@ -59,7 +59,7 @@ URGENT_KINDS = ("encode",)  # run between the batches of any other kind
 
 Handler = Callable[["JobContext"], Any]
 JOB_KINDS: dict[str, Handler] = {}
-KIND_MODULES: list[str] = ["workers.regimes_kind"]  # modules that call register_kind when imported
+KIND_MODULES: list[str] = ["layerbank.workers.regimes.job_kind"]  # modules that call register_kind when imported
 
 
 class JobError(RuntimeError):

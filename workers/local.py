@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from cache.lock import DataDirBusy, DataDirLock
-from cache.store import FeatureStore
-from cache.views import View
+from layerbank.cache.lock import DataDirBusy, DataDirLock
+from layerbank.cache.store import FeatureStore
+from layerbank.cache.views import View
 
 from .encoder import Encoder, ModelLoadError, set_threads
 from .extract import ExtractSummary, Progress, extract

@@ -14,7 +14,7 @@
 - ``default``: fp32 on CPU, auto on CUDA.
 
 Pooling and the copy to the host run in float32 whatever the mode
-(``workers.encoder.pool_hidden_states``); rows are then stored at the storage
+(``layerbank.workers.encoder.pool_hidden_states``); rows are then stored at the storage
 dtype. The resolved mode is part of the extraction config and so of every
 cache key: bf16 features never answer a request for fp32 ones.
 

@@ -1,7 +1,7 @@
 """Extraction on a Ray cluster: a Ray Data pipeline of encoder actors.
 
 The driver (the API host, or the CLI) plans the job exactly as
-``workers.extract`` does: the job's unique texts in order of length, cut into
+``layerbank.workers.extract`` does: the job's unique texts in order of length, cut into
 parts of ``part_size``; part ``p`` becomes shard ``{job_id}-{p:05d}``. Parts
 already committed (a resubmitted job) and texts already stored are skipped.
 The parts still to do flow through ``ray.data.from_items`` into
@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from cache.fingerprint import default_model_path
-from cache.keys import text_key
-from cache.shard import ShardContents, fsync_dir, write_shard
-from cache.store import FeatureStore
+from layerbank.cache.fingerprint import default_model_path
+from layerbank.cache.keys import text_key
+from layerbank.cache.shard import ShardContents, fsync_dir, write_shard
+from layerbank.cache.store import FeatureStore
 
 from .encoder import Encoder
 from .extract import ExtractSummary, Progress, Stopped, _encode_part, plan_parts
@@ -207,7 +207,7 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                      fault: dict[str, str] | None = None) -> ExtractSummary:
     """Encode the texts not yet stored on a Ray cluster; commit shards here.
 
-    Same parts, shard names and numbers as ``workers.extract.extract``.
+    Same parts, shard names and numbers as ``layerbank.workers.extract.extract``.
     ``gpus_per_actor``: None = 1 when the cluster has GPUs, else 0 (CPU actors
     with ``num_cpus=1``). ``threads``: torch threads per actor. ``fault``:
     tests only (see ``ShardEncoder``).

@@ -22,7 +22,7 @@ Contract
   like a dead worker.
 
 Urgent work inside long jobs: ``JobContext.should_continue()`` is called by
-``workers.extract.extract`` before every part and every token-budget batch.
+``layerbank.workers.extract.extract`` before every part and every token-budget batch.
 For jobs that are not themselves urgent, it first runs any waiting ``encode``
 jobs (the synchronous misses of HTTP requests) to completion, so a large
 dataset delays a request by at most one batch of its own, never by the whole
@@ -50,10 +50,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from cache.compact import compact
-from cache.datasets import DatasetStore
-from cache.jobs import Job, JobQueue, pid_alive
-from cache.store import FeatureStore
+from layerbank.cache.compact import compact
+from layerbank.cache.datasets import DatasetStore
+from layerbank.cache.jobs import Job, JobQueue, pid_alive
+from layerbank.cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
 from .encoder import Encoder
@@ -82,7 +82,7 @@ class WorkerOptions:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 5.0
     part_size: int = 2048
-    max_tokens: int | None = None  # None: the device's default (workers.batching.default_max_tokens)
+    max_tokens: int | None = None  # None: the device's default (layerbank.workers.batching.default_max_tokens)
     poll_interval_s: float = 0.002  # idle poll: a few ms keeps sync requests fast
     progress_interval_s: float = 0.25
     parent_pid: int | None = None  # exit when this process is gone (started by serve)

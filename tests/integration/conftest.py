@@ -15,7 +15,7 @@ Fixtures
 
 ``ServerProcess`` helpers: ``start()``, ``stop()``, ``kill()`` (SIGKILL, a
 crash), ``restart(kill=False)`` (same data directory and port),
-``worker_pid()``, ``client()`` (an ``app.client.Client``), ``get/post/...``
+``worker_pid()``, ``client()`` (an ``layerbank.app.client.Client``), ``get/post/...``
 (httpx), ``log()`` (the server's output, shown when start-up fails).
 
 Data helpers: ``sst_sentences(n, offset)`` takes distinct SST-2 dev phrases
@@ -90,7 +90,7 @@ class ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--data-dir", str(self.data_dir),
+            [sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(self.data_dir),
              "--port", str(self.port)], cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
@@ -173,7 +173,7 @@ class ServerProcess:
         return default
 
     def client(self) -> Any:
-        from app.client import Client
+        from layerbank.app.client import Client
 
         return Client(self.url, api_key=self.api_key)
 

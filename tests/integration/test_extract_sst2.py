@@ -21,10 +21,10 @@ import h5py
 import numpy as np
 import pytest
 
-from cache.fingerprint import default_model_path, model_fingerprint
-from cache.keys import ExtractionConfig, text_key
-from cache.store import FeatureStore
-from cache.views import parse_view
+from layerbank.cache.fingerprint import default_model_path, model_fingerprint
+from layerbank.cache.keys import ExtractionConfig, text_key
+from layerbank.cache.store import FeatureStore
+from layerbank.cache.views import parse_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

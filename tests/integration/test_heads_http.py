@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from app.probe import fit_head
+from layerbank.app.probes.sweep import fit_head
 from tests.integration.conftest import SHARED_SETTINGS, ServerProcess, sst_sentences
 
 pytestmark = pytest.mark.integration

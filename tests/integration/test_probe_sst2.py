@@ -52,7 +52,7 @@ def test_cli_probe_sst2_mean_beats_cls_low_layers_and_control_is_chance(tmp_path
     tsv.write_text("sentence\tlabel\n" + "".join(f"{t}\t{lab}\n" for t, lab in zip(texts, labels)))
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "probe", str(tsv), "--label-column", "label",
+        [sys.executable, "-m", "layerbank.app.cli.main", "probe", str(tsv), "--label-column", "label",
          "--views", "each_layer", "--poolings", "mean,cls", "--cv", "5", "--seed", "0",
          "--data-dir", str(tmp_path / "data"), "--threads", "1", "--no-progress",
          "--plot", str(tmp_path / "plots"), "--json", str(out)],

@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 import ray as ray
 
-from cache.datasets import DatasetStore
-from cache.store import FeatureStore
-from workers.backends import ExtractionBackend, make_backend
-from workers.encoder import Encoder
-from workers.extract import ExtractSummary, Progress, Stopped, extract
-from workers.jobs_registry import ENCODE_PRIORITY
-from workers.ray_backend import RayUnavailable, extract_with_ray
-from workers.worker import Worker, WorkerOptions
+from layerbank.cache.datasets import DatasetStore
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.backends import ExtractionBackend, make_backend
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.extract import ExtractSummary, Progress, Stopped, extract
+from layerbank.workers.jobs_registry import ENCODE_PRIORITY
+from layerbank.workers.ray_backend import RayUnavailable, extract_with_ray
+from layerbank.workers.worker import Worker, WorkerOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

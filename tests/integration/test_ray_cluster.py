@@ -20,11 +20,11 @@ import pytest
 import ray as ray
 from ray.cluster_utils import Cluster
 
-from cache.store import FeatureStore
+from layerbank.cache.store import FeatureStore
 from tests.integration.test_ray_backend import assert_same_shards, assert_stored_once, sst2_texts
-from workers.encoder import Encoder
-from workers.extract import extract
-from workers.ray_backend import extract_with_ray
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.extract import extract
+from layerbank.workers.ray_backend import extract_with_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.regimes_job import run_regimes
-from workers.regimes_plot import format_regimes_table
+from layerbank.workers.regimes.run import run_regimes
+from layerbank.workers.regimes.plot import format_regimes_table
 
 pytestmark = pytest.mark.integration
 SST2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "train.tsv"
@@ -39,7 +39,7 @@ def _digest(directory: str) -> str:
 
 
 def test_every_regime_on_a_seeded_sst2_subset(tmp_path: Path) -> None:
-    from cache.fingerprint import default_model_path
+    from layerbank.cache.fingerprint import default_model_path
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine is shared; one thread was the fastest there

@@ -17,9 +17,9 @@ import httpx
 import numpy as np
 import pytest
 
-from cache.keys import text_key
-from cache.store import FeatureStore
-from cache.views import parse_view
+from layerbank.cache.keys import text_key
+from layerbank.cache.store import FeatureStore
+from layerbank.cache.views import parse_view
 
 from .conftest import ROOT, SHARED_SETTINGS, ServerProcess, sst_sentences, write_tsv
 
@@ -77,7 +77,7 @@ def test_features_equal_store_and_direct_encoder_then_hit_the_cache(layerbank_se
     # an independent encoder run in this process: equal at float16 storage precision
     import torch
 
-    from workers.encoder import Encoder
+    from layerbank.workers.encoder import Encoder
 
     torch.set_num_threads(1)
     enc = Encoder.load(device="cpu")
@@ -305,7 +305,7 @@ def test_error_statuses_and_messages(layerbank_server: ServerProcess, method: st
 
 
 def test_a_second_server_on_the_same_directory_is_refused(layerbank_server: ServerProcess) -> None:
-    r = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--data-dir",
+    r = subprocess.run([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir",
                         str(layerbank_server.data_dir), "--port", "0"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2
@@ -313,7 +313,7 @@ def test_a_second_server_on_the_same_directory_is_refused(layerbank_server: Serv
 
 
 def test_a_public_host_needs_an_api_key(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--data-dir", str(tmp_path),
+    r = subprocess.run([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(tmp_path),
                         "--host", "0.0.0.0", "--port", "0"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")})
     assert r.returncode == 2

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cache.catalog import Catalog
+from layerbank.cache.catalog import Catalog
 
 from .conftest import ServerProcess, sst_sentences
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.token_probe import run_token_probe
-from app.word_features import sentence_texts, uncovered_words, word_states
-from app.wordsets import TaggedSentence, read_wordset
-from workers.local import LocalExtractor
+from layerbank.app.probes.token_probe import run_token_probe
+from layerbank.app.probes.word_features import sentence_texts, uncovered_words, word_states
+from layerbank.app.probes.wordsets import TaggedSentence, read_wordset
+from layerbank.workers.local import LocalExtractor
 
 CONLL_VALID = Path(__file__).resolve().parents[3] / "shared" / "data" / "conll2003" / "valid.txt"
 THREADS = min(2, os.cpu_count() or 1)

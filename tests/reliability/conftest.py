@@ -72,9 +72,9 @@ def phrases(n: int, offset: int) -> list[str]:
 def reference(texts: list[str], model_dir: str, data_dir: Path, *, part_size: int,
               max_tokens: int) -> Any:
     """Extract ``texts`` in-process into a fresh store: what a run without faults stores."""
-    from cache.store import FeatureStore
-    from workers.encoder import Encoder
-    from workers.extract import extract
+    from layerbank.cache.store import FeatureStore
+    from layerbank.workers.encoder import Encoder
+    from layerbank.workers.extract import extract
 
     store = FeatureStore(data_dir)
     enc = Encoder.load(model_dir, device="cpu")

@@ -21,8 +21,8 @@ import httpx
 import numpy as np
 import pytest
 
-from cache.catalog import Catalog
-from cache.keys import text_key
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.keys import text_key
 from tests.integration.conftest import ServerProcess
 
 from .conftest import phrases

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from app.client import JobFailed
-from cache.catalog import Catalog
+from layerbank.app.client import JobFailed
+from layerbank.cache.catalog import Catalog
 from tests.integration.conftest import ROOT, ServerProcess
 
 from .conftest import phrases
@@ -37,9 +37,9 @@ pytestmark = [pytest.mark.reliability]
 _CHILD = r"""
 import json, resource, signal, sys
 import numpy as np
-from cache.keys import ExtractionConfig
-from cache.shard import ShardContents
-from cache.store import FeatureStore
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import ShardContents
+from layerbank.cache.store import FeatureStore
 
 data_dir, limit = sys.argv[1], int(sys.argv[2])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not a killed process

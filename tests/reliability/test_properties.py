@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.inputs import FORMATS, InputError, parse_texts
-from app.wordsets import WORDSET_FORMATS, WordSetError, parse_wordset
-from cache.keys import ExtractionConfig, text_key
-from cache.shard import ShardContents, ShardReader, write_shard
-from cache.views import ViewError, parse_view
+from layerbank.app.inputs import FORMATS, InputError, parse_texts
+from layerbank.app.probes.wordsets import WORDSET_FORMATS, WordSetError, parse_wordset
+from layerbank.cache.keys import ExtractionConfig, text_key
+from layerbank.cache.shard import ShardContents, ShardReader, write_shard
+from layerbank.cache.views import ViewError, parse_view
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
 

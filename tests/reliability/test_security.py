@@ -65,7 +65,7 @@ def test_every_route_but_health_needs_the_key(tiny_api_factory) -> None:  # type
 
 
 def test_the_key_is_compared_in_constant_time(tiny_api_factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import app.deps
+    import layerbank.app.api.deps
 
     calls: list[tuple[bytes, bytes]] = []
     real = hmac.compare_digest
@@ -74,7 +74,7 @@ def test_the_key_is_compared_in_constant_time(tiny_api_factory, monkeypatch) -> 
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(app.deps.hmac, "compare_digest", spy)
+    monkeypatch.setattr(layerbank.app.api.deps.hmac, "compare_digest", spy)
     c = tiny_api_factory(worker=False, api_key=KEY).client
     assert c.get("/info", headers={"Authorization": "Bearer guess"}).status_code == 401
     assert c.get("/info", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
@@ -87,7 +87,7 @@ def test_serve_refuses_a_public_address_without_a_key(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
 
     def serve(*extra: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "192.0.2.1",
+        return subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--host", "192.0.2.1",
                                  "--port", "0", "--data-dir", str(tmp_path / f"d{len(extra)}"), *extra],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -104,7 +104,7 @@ def test_serve_refuses_a_public_address_without_a_key(tmp_path: Path) -> None:
 
 
 def test_serve_counts_loopback_addresses_as_loopback() -> None:
-    from app.commands.serve import is_loopback
+    from layerbank.app.cli.serve import is_loopback
 
     for host in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost"):
         assert is_loopback(host), host
@@ -148,10 +148,10 @@ def test_names_ids_and_file_names_never_reach_a_path(rel_server: ServerProcess, 
 
 
 def test_store_and_head_paths_refuse_traversal(tmp_path: Path) -> None:
-    from app.heads_store import HeadStore
-    from cache.keys import ExtractionConfig
-    from cache.shard import ShardContents
-    from cache.store import FeatureStore
+    from layerbank.app.probes.heads_store import HeadStore
+    from layerbank.cache.keys import ExtractionConfig
+    from layerbank.cache.shard import ShardContents
+    from layerbank.cache.store import FeatureStore
 
     store = FeatureStore(tmp_path / "data")
     c = ShardContents(["0" * 64], np.ones(1), np.zeros(1), {"mean": np.ones((1, 3, 4), np.float32)})
@@ -238,7 +238,7 @@ def test_no_pickle_on_any_load_path() -> None:
 
 
 def test_a_head_file_holding_objects_is_refused(tmp_path: Path) -> None:
-    from app.head_files import read_head
+    from layerbank.app.probes.head_files import read_head
 
     d = tmp_path / "head"
     d.mkdir()

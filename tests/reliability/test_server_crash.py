@@ -36,9 +36,9 @@ import httpx
 import numpy as np
 import pytest
 
-from cache.catalog import Catalog
-from cache.keys import text_key
-from cache.views import parse_view
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.keys import text_key
+from layerbank.cache.views import parse_view
 from tests.integration.conftest import ROOT, ServerProcess
 
 from .conftest import phrases, reference
@@ -218,7 +218,7 @@ def test_server_killed_mid_upload_and_mid_job_loses_nothing(
 
     # a second server on the same directory is refused, naming the holder
     second = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data), "--port", "0"],
+        [sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(data), "--port", "0"],
         cwd=ROOT, env=server.env(), capture_output=True, text=True, timeout=120, check=False)
     assert second.returncode == 2, second.stderr
     assert f"is in use by pid {server.proc.pid}" in second.stderr  # type: ignore[union-attr]

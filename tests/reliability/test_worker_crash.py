@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache.catalog import Catalog
-from cache.datasets import DatasetStore
-from cache.jobs import JobQueue
-from cache.shard import POOLINGS
-from cache.store import FeatureStore
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.datasets import DatasetStore
+from layerbank.cache.jobs import JobQueue
+from layerbank.cache.shard import POOLINGS
+from layerbank.cache.store import FeatureStore
 from tests.integration.conftest import ROOT
 
 from .conftest import phrases, reference
@@ -45,7 +45,7 @@ def _start_worker(data_dir: Path, model: str, log: Path) -> subprocess.Popen[byt
                 "LAYERBANK_LEASE_SECONDS": str(LEASE_S), "LAYERBANK_HEARTBEAT_SECONDS": "0.5",
                 "LAYERBANK_LOG_LEVEL": "INFO"})
     with open(log, "ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--data-dir", str(data_dir)],
+        return subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "worker", "--data-dir", str(data_dir)],
                                 cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
 
 

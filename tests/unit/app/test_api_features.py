@@ -8,9 +8,9 @@ import threading
 
 import numpy as np
 
-from cache.keys import text_key
-from cache.store import FeatureStore
-from cache.views import parse_view
+from layerbank.cache.keys import text_key
+from layerbank.cache.store import FeatureStore
+from layerbank.cache.views import parse_view
 
 
 def _rows(body: dict) -> np.ndarray:

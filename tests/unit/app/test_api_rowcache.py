@@ -1,12 +1,12 @@
-"""app.rowcache: rows served from memory equal the store's, within a byte budget."""
+"""layerbank.app.api.rowcache: rows served from memory equal the store's, within a byte budget."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from app.rowcache import RowCache
-from cache.views import parse_view
-from workers.extract import extract
+from layerbank.app.api.rowcache import RowCache
+from layerbank.cache.views import parse_view
+from layerbank.workers.extract import extract
 
 
 def test_memory_rows_equal_store_rows_and_the_budget_holds(store, tiny_encoder) -> None:  # type: ignore[no-untyped-def]

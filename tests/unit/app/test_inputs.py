@@ -1,4 +1,4 @@
-"""app.inputs: texts and labels from .txt, .jsonl, .csv and .tsv files.
+"""layerbank.app.inputs: texts and labels from .txt, .jsonl, .csv and .tsv files.
 
 Texts come back exactly as written (they are hashed as given), empty ones
 are skipped and reported by line, and every error says where it is.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.inputs import InputError, parse_texts, read_texts
+from layerbank.app.inputs import InputError, parse_texts, read_texts
 
 SST2 = Path(__file__).resolve().parents[4] / "shared" / "data" / "sst2" / "test.tsv"
 

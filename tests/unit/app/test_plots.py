@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from app.plots import learning_curve_figure, learning_curve_png, probe_figure, probe_plot_png
-from app.probe import run_probe
+from layerbank.app.probes.plots import learning_curve_figure, learning_curve_png, probe_figure, probe_plot_png
+from layerbank.app.probes.sweep import run_probe
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

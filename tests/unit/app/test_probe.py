@@ -10,11 +10,11 @@ import pytest
 from sklearn.model_selection import StratifiedKFold, cross_val_score
 from threadpoolctl import threadpool_limits
 
-import app.probe
-from app.heads import make_head
-from app.probe import ProbeInputError, fit_head, run_probe
-from app.scalar_mix import ScalarMixHead
-from cache.views import parse_view
+import layerbank.app.probes.sweep
+from layerbank.app.probes.heads import make_head
+from layerbank.app.probes.sweep import ProbeInputError, fit_head, run_probe
+from layerbank.app.probes.scalar_mix import ScalarMixHead
+from layerbank.cache.views import parse_view
 
 
 @pytest.fixture(autouse=True)
@@ -95,13 +95,13 @@ def test_control_task_is_near_chance_while_the_task_is_not() -> None:
 def test_learning_curve_uses_the_sizes_below_the_training_folds(monkeypatch: pytest.MonkeyPatch) -> None:
     states, labels = synthetic(n=150)
     fitted_sizes: list[int] = []
-    real = app.probe.quiet_fit
+    real = layerbank.app.probes.sweep.quiet_fit
 
     def spy(head, X, y):  # type: ignore[no-untyped-def]
         fitted_sizes.append(len(y))
         return real(head, X, y)
 
-    monkeypatch.setattr(app.probe, "quiet_fit", spy)
+    monkeypatch.setattr(layerbank.app.probes.sweep, "quiet_fit", spy)
     result = run_probe(states.__getitem__, labels, views=["layer:2"], poolings=["mean"], cv=3,
                        control_task=False, train_sizes=(20, 50, 100, 500))
     curve = result["learning_curve"]
@@ -122,7 +122,7 @@ def test_scalar_mix_finds_the_one_informative_layer() -> None:
     others = np.delete(weights, 2)
     assert weights[2] > 2 * others.max() and weights[2] > 0.5, weights  # uniform would be 0.25
     assert mix["accuracy"]["mean"] > 0.9
-    # its weighted view, in the cache.views grammar, reproduces the mix (up to a shift)
+    # its weighted view, in the layerbank.cache.views grammar, reproduces the mix (up to a shift)
     head = fit_head(states["mean"], labels, "scalar_mix")
     view = parse_view(mix["view"]).apply(states["mean"])
     z = (states["mean"] - head.mean_) / head.layer_scale_[:, None]

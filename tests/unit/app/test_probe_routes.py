@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.heads import load_head
-from app.probe import fit_head, run_probe
-from cache.keys import text_key
+from layerbank.app.probes.heads import load_head
+from layerbank.app.probes.sweep import fit_head, run_probe
+from layerbank.cache.keys import text_key
 
 POS = ["a good film", "a great play", "good and warm", "a lovely story", "great fun", "a fine good show"]
 NEG = ["a bad film", "a dull play", "bad and cold", "an awful story", "dull work", "a poor bad show"]
@@ -58,7 +58,7 @@ def _labelled(n_per_class: int = 10) -> tuple[list[str], list[str]]:
 
 
 def _states(api, texts: list[str], pooling: str) -> np.ndarray:  # type: ignore[no-untyped-def]
-    from cache.store import FeatureStore
+    from layerbank.cache.store import FeatureStore
 
     m = api.client.app.state.layerbank.model
     store = FeatureStore(api.data_dir)
@@ -186,7 +186,7 @@ def test_head_fits_saves_without_pickle_and_predicts(api) -> None:  # type: igno
     # the same head fitted here on the stored features, and the saved one, agree
     states = _states(api, texts, "mean")
     local = fit_head(states, labels, "layers:1,2")
-    from cache.views import parse_view
+    from layerbank.cache.views import parse_view
 
     x = parse_view("layers:1,2").apply(_states(api, [texts[0], *new], "mean"))
     expected = local.predict_proba(x.reshape(len(x), -1))
@@ -272,9 +272,9 @@ def test_token_probe_over_http(api) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_cancelled_probe_job_stops_and_is_marked_cancelled(api) -> None:  # type: ignore[no-untyped-def]
-    from app.probe_jobs import run_job
-    from cache.jobs import JobQueue
-    from cache.store import FeatureStore
+    from layerbank.app.probes.jobs import run_job
+    from layerbank.cache.jobs import JobQueue
+    from layerbank.cache.store import FeatureStore
 
     c = api.client
     texts, labels = _labelled(4)
@@ -297,9 +297,9 @@ def test_a_cancelled_probe_job_stops_and_is_marked_cancelled(api) -> None:  # ty
 
 
 def test_a_job_whose_dataset_vanished_fails_with_the_reason(api) -> None:  # type: ignore[no-untyped-def]
-    from app.probe_jobs import run_job
-    from cache.jobs import JobQueue
-    from cache.store import FeatureStore
+    from layerbank.app.probes.jobs import run_job
+    from layerbank.cache.jobs import JobQueue
+    from layerbank.cache.store import FeatureStore
 
     c = api.client
     texts, labels = _labelled(3)

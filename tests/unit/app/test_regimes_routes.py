@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.routes.regimes import REGIMES, _train_split_size
+from layerbank.app.api.routes.regimes import REGIMES, _train_split_size
 
 POS = ["a good film", "a great play", "good and warm", "a lovely story", "great fun", "a fine good show",
        "warm and great", "a good great time", "lovely work", "fine and good"]
@@ -40,8 +40,8 @@ def _dataset(c: Any, texts: list[str], labels: list[str] | None = None) -> str:
 
 
 def test_regime_names_and_split_agree_with_the_worker() -> None:
-    from workers.linear_probe import stratified_split
-    from workers.regimes import REGIMES as WORKER_REGIMES
+    from layerbank.workers.regimes.linear_probe import stratified_split
+    from layerbank.workers.regimes.trainable import REGIMES as WORKER_REGIMES
 
     assert REGIMES == WORKER_REGIMES
     labels = ["pos"] * 13 + ["neg"] * 9 + ["mixed"] * 7
@@ -137,8 +137,8 @@ def test_the_app_renders_the_plot_without_torch() -> None:
     result = {"model": {"path": "/m/minilm"}, "settings": {"seeds": [0]}, "train_size": 10,
               "best": "frozen", "within_noise": ["frozen"], "cheapest_within_one_std": "frozen",
               "regimes": {"frozen": {"bytes_per_task": 3080, "macro_f1_mean": 0.8, "macro_f1_std": 0.0}}}
-    code = ("import sys, json, app.main\nfrom app.routes import regimes\n"
-            "from workers.regimes_plot import regimes_plot_png\n"
+    code = ("import sys, json, layerbank.app.api.main\nfrom layerbank.app.api.routes import regimes\n"
+            "from layerbank.workers.regimes.plot import regimes_plot_png\n"
             f"png = regimes_plot_png(json.loads({json.dumps(json.dumps(result))}))\n"
             "assert png[:4] == b'\\x89PNG', png[:8]\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
@@ -155,7 +155,7 @@ def test_malformed_bodies_are_422(tiny_api: Any, body: dict[str, Any]) -> None:
 
 def test_the_cli_prints_the_table_and_the_verdict(tiny_model_dir: str, tmp_path: Any,
                                                   capsys: Any) -> None:
-    from app.cli import main
+    from layerbank.app.cli.main import main
 
     data = tmp_path / "s.tsv"
     data.write_text("sentence\tlabel\n" + "".join(f"{t}\tpos\n" for t in POS) +

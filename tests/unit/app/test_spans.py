@@ -1,4 +1,4 @@
-"""app.spans against seqeval's default (conlleval-compatible) mode."""
+"""layerbank.app.probes.spans against seqeval's default (conlleval-compatible) mode."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.spans import Entity, TagSchemeError, check_bio, extract_entities, span_scores, word_accuracy
+from layerbank.app.probes.spans import Entity, TagSchemeError, check_bio, extract_entities, span_scores, word_accuracy
 
 import seqeval.metrics
 

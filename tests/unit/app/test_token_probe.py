@@ -1,4 +1,4 @@
-"""app.token_probe on synthetic word states where one layer carries the tag."""
+"""layerbank.app.probes.token_probe on synthetic word states where one layer carries the tag."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from app.spans import TagSchemeError, span_scores
-from app.token_probe import WordStates, control_tags, run_token_probe
+from layerbank.app.probes.spans import TagSchemeError, span_scores
+from layerbank.app.probes.token_probe import WordStates, control_tags, run_token_probe
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 H, D, CARRIER = 4, 16, 2

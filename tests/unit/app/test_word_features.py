@@ -1,14 +1,14 @@
-"""app.word_features on the tiny random encoder: pooling, truncation, bad input."""
+"""layerbank.app.probes.word_features on the tiny random encoder: pooling, truncation, bad input."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from app.word_features import SentencesNotExtracted, sentence_texts, uncovered_words, word_states
-from app.wordsets import TaggedSentence
-from workers.encoder import Encoder
-from workers.extract import extract
+from layerbank.app.probes.word_features import SentencesNotExtracted, sentence_texts, uncovered_words, word_states
+from layerbank.app.probes.wordsets import TaggedSentence
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.extract import extract
 
 SENTENCES = [
     TaggedSentence(("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O")),

@@ -1,4 +1,4 @@
-"""app.wordsets: CoNLL, JSON and JSONL word/tag datasets."""
+"""layerbank.app.probes.wordsets: CoNLL, JSON and JSONL word/tag datasets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.wordsets import (
+from layerbank.app.probes.wordsets import (
     TaggedSentence,
     WordSetError,
     format_conll,

@@ -1,4 +1,4 @@
-"""cache.catalog: keys to (shard, row), committed atomically, each key once."""
+"""layerbank.cache.catalog: keys to (shard, row), committed atomically, each key once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.catalog import Catalog, Entry
+from layerbank.cache.catalog import Catalog, Entry
 
 
 def k(i: int) -> str:

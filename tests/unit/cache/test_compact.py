@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cache.compact import compact
-from cache.keys import ExtractionConfig
-from cache.shard import ShardContents
-from cache.store import FeatureStore
+from layerbank.cache.compact import compact
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import ShardContents
+from layerbank.cache.store import FeatureStore
 
 CFG = ExtractionConfig(max_length=32, storage_dtype="float16")
 

@@ -1,4 +1,4 @@
-"""cache.datasets.DatasetStore: named lists of texts, inserted all or nothing."""
+"""layerbank.cache.datasets.DatasetStore: named lists of texts, inserted all or nothing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cache.catalog import Catalog
-from cache.datasets import DatasetStore
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.datasets import DatasetStore
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""cache.jobs.JobQueue: leases, heartbeats, retries, cancellation, priority."""
+"""layerbank.cache.jobs.JobQueue: leases, heartbeats, retries, cancellation, priority."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cache.catalog import Catalog
-from cache.jobs import JobQueue, pid_alive
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.jobs import JobQueue, pid_alive
 
 SHORT = 0.05  # a lease that expires within the test
 

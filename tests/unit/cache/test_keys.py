@@ -1,4 +1,4 @@
-"""cache.keys and cache.fingerprint: what identifies a stored row.
+"""layerbank.cache.keys and layerbank.cache.fingerprint: what identifies a stored row.
 
 The key is recomputed here with hashlib from its documented definition
 (docs/storage.md), so a change to the byte layout, which would orphan every
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache.fingerprint import model_fingerprint
-from cache.keys import ExtractionConfig, text_key
+from layerbank.cache.fingerprint import model_fingerprint
+from layerbank.cache.keys import ExtractionConfig, text_key
 
 
 def documented_key(fingerprint: str, config_json: str, text: str) -> str:

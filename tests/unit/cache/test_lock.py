@@ -1,4 +1,4 @@
-"""cache.lock.DataDirLock: one writer per data directory, and the refusal
+"""layerbank.cache.lock.DataDirLock: one writer per data directory, and the refusal
 names who holds it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.lock import DataDirBusy, DataDirLock
+from layerbank.cache.lock import DataDirBusy, DataDirLock
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -23,7 +23,7 @@ def test_second_lock_in_the_same_process_is_refused_naming_the_pid(tmp_path: Pat
 
 
 def test_lock_held_by_another_process_names_that_process(tmp_path: Path) -> None:
-    script = ("import sys; from cache.lock import DataDirLock; "
+    script = ("import sys; from layerbank.cache.lock import DataDirLock; "
               f"l = DataDirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
               "sys.stdin.readline()")
     holder = subprocess.Popen(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache.shard import ShardReader
-from workers.extract import extract
+from layerbank.cache.shard import ShardReader
+from layerbank.workers.extract import extract
 
 TEXTS = [f"sentence number {i} with {'many ' * (i % 5)}words" for i in range(60)]
 

@@ -1,4 +1,4 @@
-"""cache.shard: the bytes on disk match docs/storage.md, writes are all or
+"""layerbank.cache.shard: the bytes on disk match docs/storage.md, writes are all or
 nothing, and a damaged file is an error, never a wrong number.
 
 The expected layout is read from the table in docs/storage.md, so the doc a
@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from cache.shard import FORMAT_VERSION, CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
+from layerbank.cache.shard import FORMAT_VERSION, CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "storage.md"
 N, H, D = 5, 3, 4

@@ -1,4 +1,4 @@
-"""cache.store.FeatureStore: rows come back in the caller's order, damaged
+"""layerbank.cache.store.FeatureStore: rows come back in the caller's order, damaged
 shards are quarantined (never served), and crash debris is cleaned."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache.keys import ExtractionConfig
-from cache.shard import ShardContents, TokenRows
-from cache.store import FeatureStore
-from cache.views import parse_view
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import ShardContents, TokenRows
+from layerbank.cache.store import FeatureStore
+from layerbank.cache.views import parse_view
 
 H, D = 3, 4
 CFG = ExtractionConfig(max_length=64, storage_dtype="float32")

@@ -1,4 +1,4 @@
-"""cache.views: every view against its written definition, and the grammar.
+"""layerbank.cache.views: every view against its written definition, and the grammar.
 
 The definitions below are written out by hand from docs (h = [n, H, d],
 H = L + 1 hidden states), not derived from View, so a wrong combine fails.
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache.views import NAMED_VIEWS, View, ViewError, parse_view
+from layerbank.cache.views import NAMED_VIEWS, View, ViewError, parse_view
 
 H, D = 7, 5  # the bundled model's 7 hidden states, a narrow width for speed
 

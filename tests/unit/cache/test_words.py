@@ -1,11 +1,11 @@
-"""cache.words against the bundled model's real fast tokenizer (tokenizer only)."""
+"""layerbank.cache.words against the bundled model's real fast tokenizer (tokenizer only)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cache.words import align_tokens_to_words, join_words, word_vectors
+from layerbank.cache.words import align_tokens_to_words, join_words, word_vectors
 
 
 @pytest.fixture(scope="module")

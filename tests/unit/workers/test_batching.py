@@ -1,4 +1,4 @@
-"""workers.batching.token_budget_batches: padded size within the budget,
+"""layerbank.workers.batching.token_budget_batches: padded size within the budget,
 every text exactly once, longest first."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.batching import token_budget_batches
+from layerbank.workers.batching import token_budget_batches
 
 
 def check(lengths: list[int], budget: int, max_batch: int, batches: list[list[int]]) -> None:

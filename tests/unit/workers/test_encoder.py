@@ -1,4 +1,4 @@
-"""workers.encoder.Encoder on the tiny random BERT (tests/conftest.py).
+"""layerbank.workers.encoder.Encoder on the tiny random BERT (tests/conftest.py).
 
 The reference is the model run on each text **alone** (no padding, no
 mask), pooled with plain torch: what "mean over real tokens", "first token"
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from workers.encoder import Encoder, ModelLoadError
+from layerbank.workers.encoder import Encoder, ModelLoadError
 
 TEXTS = ["a", "The cat sat on the mat.", "Unbelievably, don't stop!", "x y z " * 5, "Grüße aus Köln"]
 

@@ -1,4 +1,4 @@
-"""workers.extract.extract: only misses reach the encoder, and a re-run after
+"""layerbank.workers.extract.extract: only misses reach the encoder, and a re-run after
 a crash finishes the job without storing anything twice.
 
 ``Encoder.calls`` counts forward passes; ``Encoder.encode`` is wrapped to
@@ -13,9 +13,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cache.store import FeatureStore
-from workers.encoder import Encoder
-from workers.extract import Progress, Stopped, extract, plan_parts
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.extract import Progress, Stopped, extract, plan_parts
 
 TEXTS = [f"text number {i} " + "word " * (i % 5) for i in range(10)]
 

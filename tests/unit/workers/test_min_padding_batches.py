@@ -1,4 +1,4 @@
-"""workers.batching.min_padding_batches: the batching extraction uses.
+"""layerbank.workers.batching.min_padding_batches: the batching extraction uses.
 
 Same contract as token_budget_batches (every text once, padded size within the
 budget, longest first, runs of neighbours in length order), and the cut is the
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.batching import (batch_cost_tokens, default_max_tokens, min_padding_batches,
+from layerbank.workers.batching import (batch_cost_tokens, default_max_tokens, min_padding_batches,
                               token_budget_batches)
 
 

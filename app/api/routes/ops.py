@@ -1,0 +1,105 @@
+"""Operational routes (not versioned): ``/health``, ``/ready``, ``/info``, ``/metrics``.
+
+- ``/health``: 200 while the process answers (no API key needed).
+- ``/ready``: 200 once the catalog is open, a worker is alive and it has
+  registered its model; 503 (the error shape, plus the checks) before.
+- ``/info``: the served model (layers, hidden size, dtype, precision),
+  poolings, views, defaults, limits and version.
+- ``/metrics``: Prometheus text format (see app/api/metrics.py).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from layerbank.app.api.deps import AppState, get_state
+from layerbank.app.api.metrics import CONTENT_TYPE
+from layerbank.app.api.routes.features import json_response
+from layerbank.app.api.schemas import HealthOut, InfoOut, ReadyOut, error_responses
+from layerbank.cache.shard import POOLINGS
+from layerbank.cache.views import NAMED_VIEWS
+
+__all__ = ["VERSION", "router"]
+
+router = APIRouter(tags=["operations"])
+
+try:
+    VERSION = version("layerbank")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    VERSION = "0+unknown"
+
+_VIEW_GRAMMAR = ["layer:K", "layers:I,J,...", *NAMED_VIEWS[:3], "weighted:W0,...,WL", NAMED_VIEWS[3]]
+
+
+@router.get("/health", response_model=HealthOut)
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def _checks(state: AppState) -> dict[str, bool]:
+    try:
+        state.store.catalog.conn().execute("SELECT 1").fetchone()
+        catalog = True
+    except Exception:
+        catalog = False
+    return {"catalog": catalog, "worker": bool(state.workers), "model": state.model is not None}
+
+
+@router.get("/ready", response_model=ReadyOut, responses=error_responses(401, 503))
+async def ready(state: AppState = Depends(get_state)) -> Response:
+    state.refresh_model()
+    checks = _checks(state)
+    workers = [{k: w.get(k) for k in ("id", "pid", "state", "job", "model", "last_seen")}
+               for w in state.workers]
+    if all(checks.values()):
+        return json_response({"ready": True, "checks": checks, "workers": workers})
+    missing = [k for k, ok in checks.items() if not ok]
+    why = {"catalog": "the catalog cannot be read", "worker": "no live worker",
+           "model": "no model registered by a worker yet"}
+    return json_response({"error": "not ready: " + "; ".join(why[k] for k in missing),
+                          "type": "not_ready", "ready": False, "checks": checks,
+                          "workers": workers}, status=503)
+
+
+@router.get("/info", response_model=InfoOut, responses=error_responses(401))
+async def info(state: AppState = Depends(get_state)) -> Response:
+    s, m = state.settings, state.model
+    model: dict[str, Any] | None = None
+    if m is not None:
+        model = {**{k: v for k, v in m.info.items() if k != "config"},
+                 "fingerprint": m.fingerprint, "extraction_config": m.config}
+    body = {
+        "version": VERSION,
+        "ready": state.ready,
+        "model": model,
+        "layers": None if m is None else m.n_hidden_states - 1,
+        "n_hidden_states": None if m is None else m.n_hidden_states,
+        "hidden_size": None if m is None else m.hidden_size,
+        "dtype": m.storage_dtype if m is not None else s.storage_dtype,
+        "precision": None if m is None else m.precision,
+        "poolings": list(POOLINGS),
+        "views": _VIEW_GRAMMAR,
+        "defaults": {"view": s.default_view, "pooling": s.default_pooling,
+                     "description": _describe_default(s.default_view, s.default_pooling)},
+        "limits": {"max_texts_per_request": s.max_texts_per_request,
+                   "max_chars_per_text": s.max_chars_per_text, "max_body_bytes": s.max_body_bytes,
+                   "max_queue_depth": s.max_queue_depth, "max_dataset_texts": s.max_dataset_texts,
+                   "batch_window_ms": s.batch_window_ms},
+    }
+    return json_response(body)
+
+
+def _describe_default(view: str, pooling: str) -> str:
+    names = {"layer:-1": "the last layer", "layer:-2": "the second-to-last layer"}
+    return f"{names.get(view, view)}, {pooling} pooling"
+
+
+@router.get("/metrics", response_class=Response, responses={
+    200: {"content": {CONTENT_TYPE.split(';')[0]: {}}, "description": "Prometheus metrics"},
+    **error_responses(401)})
+async def metrics(state: AppState = Depends(get_state)) -> Response:
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

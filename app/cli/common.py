@@ -1,0 +1,64 @@
+"""Shared pieces of the command line: flags with environment twins, and
+turning parsed flags into Settings.
+
+Every flag ``--some-flag`` has the twin ``LAYERBANK_SOME_FLAG``; flags that
+are Settings fields are validated by Settings itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from layerbank.app.api.settings import Settings
+
+__all__ = ["add_flag", "add_common_flags", "settings_from", "fail"]
+
+
+def _env(flag: str) -> str:
+    return "LAYERBANK_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add_flag(parser: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
+    """Add ``flag``; its default comes from the environment twin when set."""
+    env = _env(flag)
+    raw = os.environ.get(env)
+    if raw is not None and raw != "":
+        if kw.get("action") == "store_true":
+            kw["default"] = raw.lower() in ("1", "true", "yes", "on")
+        else:
+            kw["default"] = raw
+    help_ = kw.pop("help", "")
+    parser.add_argument(flag, help=f"{help_} [env {env}]".strip(), **kw)
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """Flags that are Settings fields. Defaults stay None so Settings decides."""
+    p.add_argument("--data-dir", help="data directory [env LAYERBANK_DATA_DIR]")
+    p.add_argument("--model", help="model name or path (default: embedded all-MiniLM-L6-v2) "
+                   "[env LAYERBANK_MODEL]")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto [env LAYERBANK_DEVICE]")
+    p.add_argument("--precision", choices=["default", "auto", "fp32", "bf16", "fp16"],
+                   help="compute precision [env LAYERBANK_PRECISION]")
+    p.add_argument("--max-length", type=int, help="truncate texts at this many tokens "
+                   "[env LAYERBANK_MAX_LENGTH]")
+    p.add_argument("--storage-dtype", choices=["float16", "float32"],
+                   help="dtype of stored vectors [env LAYERBANK_STORAGE_DTYPE]")
+    p.add_argument("--threads", type=int, help="torch CPU threads [env LAYERBANK_THREADS]")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags that were given."""
+    given = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    try:
+        return Settings(**given)
+    except Exception as e:  # pydantic ValidationError: show it as a usage error
+        fail(f"invalid setting: {e}")
+        raise
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"layerbank: error: {message}", file=sys.stderr)
+    raise SystemExit(code)

@@ -1,0 +1,86 @@
+"""``layerbank extract FILE``: run the encoder once over a file, store every layer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from typing import Any
+
+from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.inputs import FORMATS, InputError, TextTable, read_texts
+
+
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a .txt, .jsonl, .csv or .tsv file of texts")
+    add_flag(p, "--text-column", help="column (or JSON field) holding the text")
+    add_flag(p, "--format", choices=FORMATS, help="file format (default: from the suffix)")
+    add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row; "
+             "columns are then named 0, 1, ...")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("extract", help="encode a file once and store every layer")
+    add_input_flags(p)
+    add_common_flags(p)
+    add_flag(p, "--tokens", action="store_true", help="also store token-level states of every layer")
+    add_flag(p, "--backend", choices=["embedded", "ray"], help="where the encoder runs")
+    add_flag(p, "--ray-address", help="Ray cluster address, or 'local'")
+    add_flag(p, "--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def load_table(args: argparse.Namespace, label_column: str | None = None) -> TextTable:
+    try:
+        table = read_texts(args.file, text_column=args.text_column, label_column=label_column,
+                           header=not args.no_header, fmt=args.format)
+    except InputError as e:
+        fail(str(e))
+        raise
+    if table.skipped_empty:
+        shown = ", ".join(map(str, table.skipped_empty[:10]))
+        more = "" if len(table.skipped_empty) <= 10 else f" and {len(table.skipped_empty) - 10} more"
+        print(f"skipped {len(table.skipped_empty)} empty texts (lines {shown}{more})", file=sys.stderr)
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    table = load_table(args)
+    from layerbank.workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
+    from layerbank.workers.ray_backend import RayExtractionError, RayUnavailable
+
+    try:
+        ex = LocalExtractor.open(settings.data_dir, model=settings.model,
+                                 **settings.extraction_options(), threads=settings.threads)
+    except ModelLoadError as e:
+        fail(str(e))
+        raise
+    except RuntimeError as e:  # the data directory is held by a server
+        fail(str(e))
+        raise
+    with ex:
+        t0 = time.perf_counter()
+        try:
+            summary = ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10],
+                                 want_tokens=args.tokens, progress_bar=not args.no_progress,
+                                 max_tokens=settings.max_tokens_per_batch,
+                                 part_size=settings.part_size,
+                                 backend=args.backend or settings.backend,
+                                 ray_address=args.ray_address or settings.ray_address,
+                                 ray_actors=settings.ray_actors)
+        except (RayUnavailable, RayExtractionError) as e:  # parts committed so far stay stored
+            fail(str(e))
+            raise
+        seconds = time.perf_counter() - t0
+    s = summary
+    rate = s.tokens_encoded / s.seconds if s.seconds > 0 and s.tokens_encoded else 0.0
+    print(f"model      {ex.model_name}")
+    print(f"texts      {s.texts} ({s.unique_texts} unique, {len(table.skipped_empty)} empty skipped)")
+    print(f"cache hits {s.cache_hits}")
+    print(f"encoded    {s.texts_encoded} texts, {s.tokens_encoded} tokens ({rate:,.0f} tokens/s)")
+    print(f"truncated  {s.truncated}")
+    print(f"written    {s.bytes_written:,} bytes in {s.shards_written} shards")
+    print(f"seconds    {seconds:.2f}")
+    return 0

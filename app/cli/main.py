@@ -1,0 +1,47 @@
+"""``layerbank``: the command line.
+
+    layerbank extract FILE --text-column sentence     encode once, store every layer
+    layerbank features FILE --view layer:-2 --out X.npy
+    layerbank serve                                   HTTP API + its worker
+    layerbank probe FILE --label-column label         which layer, which pooling?
+
+Each subcommand lives in its own module under ``app/commands``. Importing this
+module does not import torch: commands that run the encoder import it when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+__all__ = ["main"]
+
+# module names under layerbank.app.cli, in the order `layerbank --help` lists them
+COMMANDS = ["extract", "features", "serve", "worker", "probe", "regimes"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="layerbank", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"layerbank.app.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"layerbank.app.cli.{name}":
+                continue  # command not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

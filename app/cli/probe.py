@@ -1,0 +1,305 @@
+"""``layerbank probe``: which layer, which pooling, frozen or fine-tune? In-process.
+
+Sentence task (labelled texts)::
+
+    layerbank probe FILE --text-column sentence --label-column label \\
+        [--views each_layer,scalar_mix] [--poolings mean,cls] [--head logistic] [--cv 5] \\
+        [--plot DIR] [--json OUT]
+
+extracts the texts the store lacks (layerbank.workers.local.LocalExtractor, the data
+directory held meanwhile), runs layerbank.app.probes.sweep.run_probe on the stored states and
+prints one row per (view, pooling): accuracy mean ± std over the folds,
+macro-F1, the control task's accuracy and the selectivity (best pooling),
+seconds per fold; then the best, the scalar mix, the learning curve and the
+recommendation (layerbank.app.probes.advice). ``--plot DIR`` writes ``probe.png`` and
+``learning_curve.png`` (the same pictures as the HTTP API), ``--json OUT``
+the whole result.
+
+Token task (words with tags: CoNLL, JSON or JSONL word sets)::
+
+    layerbank probe --task token --train train.conll --valid valid.conll [--views each_layer]
+
+prints one row per view: entity F1 (BIO tags) or word accuracy, the control
+task and selectivity (layerbank.app.probes.token_probe). ``FILE --valid-fraction 0.2``
+instead of ``--train/--valid`` splits one file (seeded). ``--plot DIR``
+writes ``token_probe.png``.
+
+Every flag has a ``LAYERBANK_*`` twin; list flags take commas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.extract import load_table
+
+__all__ = ["register", "run"]
+
+_DEFAULT_VIEWS = "each_layer,concat_last_4,sum_last_4,mean_all,scalar_mix"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("probe", help="which layer and pooling separate the labels (cross-validated "
+                       "probes on cached features)")
+    p.add_argument("file", nargs="?", help="texts with labels (.tsv, .csv, .jsonl); for --task token, "
+                   "a word set to split with --valid-fraction")
+    add_flag(p, "--task", choices=["sentence", "token"], default="sentence", help="sentence labels, or "
+             "one tag per word")
+    add_flag(p, "--text-column", help="column (or JSON field) holding the text")
+    add_flag(p, "--label-column", help="column (or JSON field) holding the label")
+    add_flag(p, "--format", help="file format (default: from the suffix)")
+    add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row")
+    add_common_flags(p)
+    add_flag(p, "--views", help=f"comma-separated views (default {_DEFAULT_VIEWS}; token task: each_layer)")
+    add_flag(p, "--poolings", default="mean,cls", help="comma-separated poolings (mean, cls, max)")
+    add_flag(p, "--head", default="logistic", help="logistic, ridge, linear_svm, mlp, knn")
+    add_flag(p, "--cv", type=int, default=5, help="cross-validation folds")
+    add_flag(p, "--seed", type=int, default=0, help="seed of folds, control labels and heads")
+    add_flag(p, "--no-control-task", action="store_true", help="skip the shuffled-label control task")
+    add_flag(p, "--no-learning-curve", action="store_true", help="skip the learning curve")
+    add_flag(p, "--train-sizes", default="50,100,200,500,1000", help="learning-curve training sizes")
+    add_flag(p, "--train", help="token task: word set to train on (CoNLL, .json, .jsonl)")
+    add_flag(p, "--valid", help="token task: word set to score on")
+    add_flag(p, "--valid-fraction", type=float, default=0.2, help="token task without --valid: the "
+             "share of sentences held out")
+    add_flag(p, "--tag-column", type=int, default=1, help="CoNLL column of the tag (-1 = last)")
+    add_flag(p, "--word-mode", choices=["first", "mean"], default="first", help="a word's first sub-token "
+             "or the mean of its sub-tokens")
+    add_flag(p, "--plot", help="directory to write the plots (PNG) into")
+    add_flag(p, "--json", help="file to write the whole result into (JSON)")
+    add_flag(p, "--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=run)
+
+
+def _list(value: str | None, default: str) -> list[str]:
+    return [v.strip() for v in (value or default).split(",") if v.strip()]
+
+
+def _open(settings: Any) -> Any:
+    from layerbank.workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
+
+    try:
+        return LocalExtractor.open(settings.data_dir, model=settings.model,
+                                   **settings.extraction_options(), threads=settings.threads)
+    except (ModelLoadError, RuntimeError) as e:  # RuntimeError: a server holds the data directory
+        fail(str(e))
+        raise
+
+
+class _Bar:
+    def __init__(self, enabled: bool, unit: str) -> None:
+        self.enabled, self.unit = enabled, unit
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    return _run_token(args) if args.task == "token" else _run_sentence(args)
+
+
+def _run_sentence(args: argparse.Namespace) -> int:
+    from layerbank.app.probes.inputs import ProbeInputError, check_labels, check_options
+
+    if args.file is None:
+        fail("give the FILE of labelled texts")
+    if args.label_column is None:
+        fail("--label-column is required: the column (or JSON field) holding each text's label")
+    views, poolings = _list(args.views, _DEFAULT_VIEWS), _list(args.poolings, "mean,cls")
+    try:
+        sizes = [int(s) for s in _list(args.train_sizes, "")]
+    except ValueError:
+        fail(f"--train-sizes must be comma-separated integers, got {args.train_sizes!r}")
+        raise
+    settings = settings_from(args)
+    table = load_table(args, label_column=args.label_column)
+    try:  # everything that can be wrong with the input, before the model loads
+        check_options(cv=args.cv, head=args.head, views=views, poolings=poolings)
+    except ProbeInputError as e:
+        fail(str(e))
+    try:
+        check_labels(table.labels, args.cv)
+    except ProbeInputError as e:
+        fail(f"{args.file}, label column {args.label_column!r}: {e}")
+    with _open(settings) as ex:
+        ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10], progress_bar=not args.no_progress,
+                   max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
+        keys = [ex.store.key(ex.encoder.fingerprint, ex.encoder.config, t) for t in table.texts]
+        states = {}
+        for pooling in poolings:
+            res = ex.store.read_pooled(keys, pooling)
+            if not res.found.all():
+                fail(f"{int((~res.found).sum())} texts could not be read back from the store; run again")
+            states[pooling] = res.data
+        model = _model(ex)
+    return _probe_and_report(args, states, table.labels, views, poolings, sizes, model)
+
+
+def _model(ex: Any) -> dict[str, Any]:
+    from layerbank.app.probes.requests import model_summary
+
+    return model_summary(ex.encoder.info, ex.encoder.fingerprint)
+
+
+def _probe_and_report(args: argparse.Namespace, states: dict[str, Any], labels: Any, views: list[str],
+                      poolings: list[str], sizes: list[int], model: dict[str, Any]) -> int:
+    from layerbank.app.probes.advice import recommend
+    from layerbank.app.probes.sweep import ProbeInputError, run_probe
+
+    bar = _Bar(not args.no_progress, "fit")
+    try:
+        result = run_probe(states.__getitem__, labels, views=views, poolings=poolings, head=args.head,
+                           cv=args.cv, seed=args.seed, control_task=not args.no_control_task,
+                           learning_curve=not args.no_learning_curve, train_sizes=sizes,
+                           model_info=model, progress=bar)
+    except ProbeInputError as e:  # e.g. a view this model does not have
+        bar.close()
+        fail(str(e))
+        raise
+    bar.close()
+    result["recommendation"] = recommend(result, model)
+    print(_sentence_table(result))
+    if args.plot:
+        from layerbank.app.probes.plots import learning_curve_png, probe_plot_png
+
+        _write_plots(args.plot, {"probe.png": probe_plot_png(result)} | (
+            {"learning_curve.png": learning_curve_png(result)} if result["learning_curve"] else {}))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _write_plots(directory: str, pngs: dict[str, bytes]) -> None:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, png in pngs.items():
+        (d / name).write_bytes(png)
+        print(f"wrote {d / name}", file=sys.stderr)
+
+
+def _sentence_table(r: dict[str, Any]) -> str:
+    control = {c["view"]: c for c in (r["control_task"] or {}).get("results", [])}
+    control_pooling = (r["control_task"] or {}).get("pooling")
+    width = max(len("view"), *(len(x["view"]) for x in r["results"]))
+    lines = [f"{'view':<{width}}  pooling  accuracy        macro-F1  control  selectivity  fit s/fold"]
+    for x in r["results"]:
+        c = control.get(x["view"]) if x["pooling"] == control_pooling else None
+        acc = f"{x['accuracy']['mean']:.3f} ± {x['accuracy']['std']:.3f}"
+        lines.append(f"{x['view']:<{width}}  {x['pooling']:<7}  {acc:<14}  {x['macro_f1']['mean']:<8.3f}  "
+                     f"{_num(c and c['control_accuracy']):<7}  {_num(c and c['selectivity']):<11}  "
+                     f"{x['fit_seconds']['mean']:.3f}")
+    t, b = r["task"], r["best"]
+    selectivity = "" if b["selectivity"] is None else f", selectivity {b['selectivity']:.3f}"
+    lines += ["", (f"{t['n_examples']:,} examples, {len(t['classes'])} classes, {t['cv']}-fold CV, "
+                   f"{t['head']} head; always answering the most frequent class scores "
+                   f"{t['chance_accuracy']:.3f}"),
+              (f"best: {b['view']}, {b['pooling']} pooling: accuracy {b['accuracy']:.3f} ± "
+               f"{b['accuracy_std']:.3f}, macro-F1 {b['macro_f1']:.3f}{selectivity}")]
+    for pooling, mix in (r["scalar_mix"] or {}).items():
+        weights = " ".join(f"{w:.2f}" for w in mix["layer_weights"])
+        lines.append(f"scalar mix ({pooling}): accuracy {mix['accuracy']['mean']:.3f} ± "
+                     f"{mix['accuracy']['std']:.3f}; layer weights h0..h{len(mix['layer_weights']) - 1}: {weights}")
+    if r["learning_curve"]:
+        lc = r["learning_curve"]
+        points = "  ".join(f"{p['train_size']:,}{' (all)' if p['label'] == 'all' else ''}: "
+                           f"{p['accuracy']['mean']:.3f}" for p in lc["points"])
+        lines.append(f"learning curve ({lc['view']}, {lc['pooling']}): {points}")
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    lines += ["", "recommendation:", textwrap.fill(r["recommendation"]["text"], 100, initial_indent="  ",
+                                                   subsequent_indent="  ")]
+    return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _run_token(args: argparse.Namespace) -> int:
+    from layerbank.app.probes.requests import JobInputError, split_sentences
+    from layerbank.app.probes.token_probe import run_token_probe
+    from layerbank.app.probes.word_features import sentence_texts, word_states
+    from layerbank.app.probes.wordsets import WordSetError, read_wordset
+
+    if (args.train is None) == (args.file is None):
+        fail("give --train FILE (and --valid FILE), or one FILE to split with --valid-fraction")
+    fmt = args.format if args.format in ("conll", "json", "jsonl") else None
+    try:
+        train = read_wordset(args.train or args.file, fmt, tag_column=args.tag_column)
+        valid = read_wordset(args.valid, fmt, tag_column=args.tag_column) if args.valid else None
+        if valid is None:
+            tr, va = split_sentences(len(train), args.valid_fraction, args.seed)
+            train, valid = [train[i] for i in tr], [train[i] for i in va]
+        texts = sentence_texts(train + valid)
+    except (WordSetError, JobInputError, ValueError, OSError) as e:
+        fail(str(e))
+        raise
+    settings = settings_from(args)
+    with _open(settings) as ex:
+        ex.extract(texts, job_id="cli-" + uuid.uuid4().hex[:10], want_tokens=True,
+                   progress_bar=not args.no_progress, max_tokens=settings.max_tokens_per_batch,
+                   part_size=settings.part_size)
+        fp, config = ex.encoder.fingerprint, ex.encoder.config
+        train_states = word_states(ex.store, fp, config, train, mode=args.word_mode)
+        valid_states = word_states(ex.store, fp, config, valid, mode=args.word_mode)
+        model = _model(ex)
+    from layerbank.app.probes.spans import is_bio_tag
+
+    bio = all(is_bio_tag(t) for s in train + valid for t in s.tags)
+    from threadpoolctl import threadpool_limits
+
+    try:
+        # one BLAS thread, as run_probe does: small fits on shared cores only lose with more
+        with threadpool_limits(limits=1):
+            result = run_token_probe(train_states, valid_states, views=_list(args.views, "each_layer"),
+                                     seed=args.seed, control_task=not args.no_control_task, span_f1=bio)
+    except ValueError as e:  # a view this model lacks, a single tag ...
+        fail(str(e))
+        raise
+    result.update(task={"name": "token_classification"}, model=model, word_mode=args.word_mode,
+                  n_sentences={"train": len(train), "valid": len(valid)})
+    print(_token_table(result))
+    if args.plot:
+        from layerbank.app.probes.token_plot import token_probe_png
+
+        _write_plots(args.plot, {"token_probe.png": token_probe_png(result)})
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _token_table(r: dict[str, Any]) -> str:
+    width = max(len("view"), *(len(x["view"]) for x in r["rows"]))
+    lines = [f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  fit s"]
+    for x in r["rows"]:
+        lines.append(f"{x['view']:<{width}}  {_num(x['f1']):<5}  {_num(x['precision']):<9}  "
+                     f"{_num(x['recall']):<6}  {x['word_accuracy']:<8.3f}  {_num(x['control_accuracy']):<7}  "
+                     f"{_num(x['selectivity']):<11}  {x['fit_seconds']:.2f}")
+    n, s = r["n_words"], r["n_sentences"]
+    lines += ["", (f"{s['train']:,} training sentences ({n['train']:,} words), {s['valid']:,} validation "
+                   f"sentences ({n['valid']:,} words), {len(r['tags'])} tags; {r['word_mode']} sub-token "
+                   "per word"),
+              f"best by {r['metric'].replace('_', ' ')}: {r['best']}"]
+    if r["n_uncovered"]["train"] or r["n_uncovered"]["valid"]:
+        lines.append(f"words cut off by max_length: {r['n_uncovered']} ({r['uncovered_policy']})")
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""``layerbank regimes``: freeze or fine-tune, measured, in-process.
+
+    layerbank regimes FILE --text-column sentence --label-column label \\
+        [--regimes frozen,bitfit,lora,top_k,gradual,full] [--seeds 3] [--top-k N] \\
+        [--train-sizes 100,500] [--max-epochs 10] [--plot DIR] [--json OUT]
+
+extracts the texts the store lacks (layerbank.workers.local.LocalExtractor; the data
+directory is held meanwhile), hands their stored mean-pooled states to
+``layerbank.workers.regimes.run.run_regimes`` as the frozen features, and prints
+``format_regimes_table`` (one line per regime: test macro-F1 and accuracy as
+mean ± std over seeds, trainable parameters and share, bytes per task,
+seconds per epoch, peak memory) and the verdict: the best regime, and the
+cheapest one within one std of it. Trained tensors go to
+``<data dir>/regimes/cli-<id>/`` as safetensors. ``--plot DIR`` writes
+``regimes.png`` (the HTTP API's picture), ``--json OUT`` the whole result.
+Every flag has a ``LAYERBANK_*`` twin; list flags take commas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.extract import load_table
+
+__all__ = ["register", "run", "verdict"]
+
+_ALL = "frozen,bitfit,lora,top_k,gradual,full"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("regimes", help="freeze or fine-tune: compare training regimes on labelled texts")
+    p.add_argument("file", help="texts with labels (.tsv, .csv, .jsonl)")
+    add_flag(p, "--text-column", help="column (or JSON field) holding the text")
+    add_flag(p, "--label-column", help="column (or JSON field) holding the label")
+    add_flag(p, "--format", help="file format (default: from the suffix)")
+    add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row")
+    add_common_flags(p)
+    add_flag(p, "--regimes", default=_ALL, help="comma-separated regimes to compare")
+    add_flag(p, "--seeds", type=int, default=3, help="seeds per regime (the std is over these)")
+    add_flag(p, "--top-k", type=int, help="bottom layers the top_k regime freezes (default: half)")
+    add_flag(p, "--train-sizes", help="comma-separated training-set sizes (default: the whole train split)")
+    add_flag(p, "--max-epochs", type=int, default=10, help="epoch budget of each fine-tune")
+    add_flag(p, "--split-seed", type=int, default=0, help="seed of the train/validation/test split")
+    add_flag(p, "--plot", help="directory to write regimes.png into")
+    add_flag(p, "--json", help="file to write the whole result into (JSON)")
+    add_flag(p, "--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=run)
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """One line a person acts on: the best regime, and the cheapest within one std of it."""
+    rows = result["regimes"]
+    best, cheap = result["best"], result["cheapest_within_one_std"]
+    line = (f"verdict: best {best} (macro-F1 {rows[best]['macro_f1_mean']:.3f} ± "
+            f"{rows[best]['macro_f1_std']:.3f}); cheapest within one std: {cheap} "
+            f"({rows[cheap]['bytes_per_task']:,} bytes per task")
+    if cheap == best:
+        return line + ")"
+    return line + f", {rows[best]['bytes_per_task'] / max(rows[cheap]['bytes_per_task'], 1):,.0f}x " \
+                  f"less than {best})"
+
+
+def _args(args: argparse.Namespace) -> tuple[list[str], list[int] | None]:
+    from layerbank.app.api.routes.regimes import REGIMES
+
+    regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
+    unknown = [r for r in regimes if r not in REGIMES]
+    if unknown or not regimes:
+        fail(f"--regimes: unknown {unknown}; choose from {','.join(REGIMES)}")
+    if args.seeds < 1 or args.max_epochs < 1:
+        fail("--seeds and --max-epochs must be at least 1")
+    try:
+        sizes = [int(s) for s in args.train_sizes.split(",") if s.strip()] if args.train_sizes else None
+    except ValueError:
+        fail(f"--train-sizes must be comma-separated integers, got {args.train_sizes!r}")
+        raise
+    return regimes, sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.label_column is None:
+        fail("--label-column is required: the column (or JSON field) holding each text's label")
+    regimes, sizes = _args(args)
+    settings = settings_from(args)
+    table = load_table(args, label_column=args.label_column)
+    labels = table.labels or []
+    if len(labels) != len(table.texts) or any(label is None or label == "" for label in labels):
+        fail(f"{args.file}: some texts have no label in column {args.label_column!r}")
+    from layerbank.app.cli.probe import _Bar, _open  # imports torch only when run
+    from layerbank.workers.regimes.run import run_regimes
+    from layerbank.workers.regimes.plot import format_regimes_table, regimes_plot_png
+    from layerbank.workers.regimes.resources import Cancelled
+
+    run_id = "cli-" + uuid.uuid4().hex[:10]
+    bar = _Bar(not args.no_progress, "epoch")
+    with _open(settings) as ex:
+        ex.extract(table.texts, job_id=run_id, progress_bar=not args.no_progress,
+                   max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
+        keys = [ex.store.key(ex.encoder.fingerprint, ex.encoder.config, t) for t in table.texts]
+        read = ex.store.read_pooled(keys, "mean")
+        try:
+            result = run_regimes(
+                table.texts, labels, model_path=ex.encoder.name, regimes=regimes, seeds=args.seeds,
+                top_k=args.top_k, train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
+                max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
+                frozen_features=read.data if read.found.all() else None,
+                out_dir=ex.store.root / "regimes" / run_id, progress=bar)
+        except (ValueError, Cancelled) as e:  # labels too few to split, a size too big, Ctrl-C'd
+            bar.close()
+            fail(str(e))
+            raise
+    bar.close()
+    print(format_regimes_table(result))
+    print(verdict(result))
+    print(f"trained tensors: {settings.data_dir / 'regimes' / run_id}", file=sys.stderr)
+    if args.plot:
+        out = Path(args.plot)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "regimes.png").write_bytes(regimes_plot_png(result))
+        print(f"wrote {out / 'regimes.png'}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

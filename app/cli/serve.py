@@ -1,0 +1,166 @@
+"""``layerbank serve``: the HTTP API under uvicorn, and its extraction worker.
+
+Start-up, in order: refuse a non-loopback host without an API key (unless
+``--insecure``); take the data directory's lock (a second server on the same
+directory is refused, naming the holder); remove what a crash left
+(``FeatureStore(clean=True)``); bind the socket; start the worker process
+(supervised, restarted if it dies); run uvicorn in this process. The bound
+address is printed and written to ``<data-dir>/server.json`` (``--port 0``
+picks a free port).
+
+Every flag has an environment twin (``--max-queue-depth`` is
+``LAYERBANK_MAX_QUEUE_DEPTH``).
+
+Example::
+
+    layerbank serve --data-dir layerbank-data --port 8000
+    layerbank serve --host 0.0.0.0 --api-key "$(openssl rand -hex 16)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ipaddress
+import json
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.worker import add_backend_flags
+
+__all__ = ["is_loopback", "register", "run"]
+
+log = logging.getLogger("layerbank.serve")
+
+# flags that are Settings fields: (flag, help)
+_FLAGS = [
+    ("--host", "address to listen on (default 127.0.0.1)"),
+    ("--port", "port (default 8000; 0 picks a free one)"),
+    ("--api-key", "require 'Authorization: Bearer KEY' on every route but /health"),
+    ("--default-view", "view when a request names none (default layer:-2)"),
+    ("--default-pooling", "pooling when a request names none (default mean)"),
+    ("--batch-window-ms", "how long misses wait for others to share an encoder batch (default 5)"),
+    ("--max-texts-per-request", "texts in one request (default 2048)"),
+    ("--max-chars-per-text", "characters in one text (default 100000)"),
+    ("--max-body-bytes", "request body size (default 32 MiB)"),
+    ("--max-queue-depth", "requests waiting for the encoder, and queued dataset jobs (default 64)"),
+    ("--max-dataset-texts", "texts in one dataset (default 1000000)"),
+    ("--max-tokens-per-batch", "padded tokens in one encoder batch (default 4096 on CPU, 16384 on CUDA)"),
+    ("--part-size", "texts per shard (default 2048)"),
+    ("--lease-seconds", "job lease; a job whose worker stops renewing it runs again (default 30)"),
+    ("--heartbeat-seconds", "lease renewal and worker liveness interval (default 5)"),
+    ("--max-attempts", "times a job is tried before it fails (default 3)"),
+    ("--log-level", "DEBUG, INFO, WARNING, ... (default INFO)"),
+]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="HTTP API and its extraction worker")
+    add_common_flags(p)
+    for flag, help_ in _FLAGS:
+        add_flag(p, flag, help=help_)
+    add_flag(p, "--insecure", action="store_true",
+             help="allow a non-loopback host without an API key")
+    add_backend_flags(p)
+    p.set_defaults(run=run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        raise
+    return sock
+
+
+def _few_malloc_arenas(n: int = 2) -> None:
+    """Cap glibc's malloc arenas before any thread starts.
+
+    Each request thread otherwise gets its own arena, and memory freed in one
+    (HDF5 handles opened and closed, rows read) is not reused by the others:
+    under a minute of misses the API's resident memory grew ~90% with the
+    default and ~20% with 2 arenas (docs/reliability.md).
+    """
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, n)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to tune
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    if not is_loopback(settings.host) and not settings.api_key and not settings.insecure:
+        fail(f"refusing to listen on {settings.host} without an API key: anyone who can reach it "
+             "could read and fill the store. Set --api-key (LAYERBANK_API_KEY), or pass "
+             "--insecure to do it anyway")
+    _few_malloc_arenas()
+    import uvicorn
+
+    from layerbank.app.cli.worker import WorkerSupervisor
+    from layerbank.app.api.main import create_app
+    from layerbank.cache.lock import DataDirBusy, DataDirLock
+    from layerbank.cache.store import FeatureStore
+
+    level = settings.log_level.upper()
+    logging.getLogger("layerbank").setLevel(level)
+    data_dir = settings.data_dir.resolve()
+    settings = settings.model_copy(update={"data_dir": data_dir})
+    lock = DataDirLock(data_dir)
+    try:
+        lock.acquire()
+    except DataDirBusy as e:
+        fail(str(e))
+    try:
+        FeatureStore(data_dir, clean=True).close()  # temp files and uncommitted shards of a crash
+        sock = _bind(settings.host, settings.port)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        app = create_app(settings)
+        server = uvicorn.Server(uvicorn.Config(app, log_level=level.lower(), access_log=False,
+                                               timeout_graceful_shutdown=5))
+        fatal: list[int] = []
+
+        def on_fatal(rc: int) -> None:
+            fatal.append(rc)
+            server.should_exit = True
+
+        def on_restart(n: int) -> None:
+            state = getattr(app.state, "layerbank", None)
+            if state is not None:
+                state.worker_restarts = n
+
+        supervisor = WorkerSupervisor(settings, on_fatal=on_fatal, on_restart=on_restart).start()
+        info_path = data_dir / "server.json"
+        info_path.write_text(json.dumps({"url": url, "host": host, "port": port, "pid": os.getpid()}))
+        print(f"layerbank: serving {url} (data {data_dir}); the worker is loading the model, "
+              "/ready answers 200 once it has", file=sys.stderr, flush=True)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            supervisor.stop()
+            info_path.unlink(missing_ok=True)
+    finally:
+        lock.release()
+    if fatal:
+        print("layerbank: error: the worker could not load the model (its message is above); "
+              "stopped", file=sys.stderr, flush=True)
+        return fatal[0]
+    return 0

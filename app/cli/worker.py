@@ -1,0 +1,194 @@
+"""``layerbank worker``: the extraction worker process, and how ``serve`` runs it.
+
+``layerbank serve`` starts ``python -m layerbank.app.cli.main worker --parent-pid <its pid>``
+with its settings in the ``LAYERBANK_*`` environment, and ``WorkerSupervisor``
+restarts it when it dies (1 s, doubling to 30 s between tries). Exit status
+``FATAL_EXIT`` (3) means the model cannot be loaded: restarting would not
+help, so ``serve`` stops with that message instead.
+
+The worker exits when its parent dies (``PR_SET_PDEATHSIG`` on Linux, and a
+parent-pid check every heartbeat), stopping its job at the next batch and
+handing it back to the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from layerbank.app.cli.common import add_common_flags, add_flag, settings_from
+from layerbank.app.api.settings import Settings
+
+__all__ = ["FATAL_EXIT", "WorkerSupervisor", "register", "run", "settings_env"]
+
+log = logging.getLogger("layerbank.serve")  # the supervisor runs in serve
+FATAL_EXIT = 3
+_HARD_EXIT_S = 20.0  # a stop that takes longer than this (a stuck batch) ends the process
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run the extraction worker (layerbank serve starts it)")
+    add_common_flags(p)
+    add_flag(p, "--parent-pid", type=int, help="exit when this process is gone")
+    add_flag(p, "--part-size", help="texts per shard")
+    add_flag(p, "--max-tokens-per-batch", help="padded tokens per encoder batch")
+    add_flag(p, "--lease-seconds", help="job lease")
+    add_flag(p, "--heartbeat-seconds", help="lease renewal and liveness interval")
+    add_flag(p, "--log-level", help="DEBUG, INFO, WARNING, ...")
+    add_backend_flags(p)
+    p.set_defaults(run=run)
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where dataset extraction runs (docs/operations.md); shared with ``serve``."""
+    add_flag(p, "--backend", choices=["embedded", "ray"],
+             help="run dataset extraction here (embedded) or on a Ray cluster (ray)")
+    add_flag(p, "--ray-address", help="Ray cluster address: auto, host:port, or local")
+    add_flag(p, "--ray-actors", help="encoder actors on Ray (one GPU each)")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    logging.getLogger("layerbank").setLevel(settings.log_level.upper())
+    from layerbank.cache.store import FeatureStore
+    from layerbank.workers.encoder import Encoder, ModelLoadError, set_threads
+    from layerbank.workers.worker import Worker, WorkerOptions
+
+    set_threads(settings.threads)
+    try:
+        encoder = Encoder.load(settings.model, **settings.extraction_options())  # type: ignore[arg-type]
+    except (ModelLoadError, ValueError) as e:
+        print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
+        return FATAL_EXIT
+    store = FeatureStore(settings.data_dir)
+    store.catalog.register_model(encoder.fingerprint, encoder.name,
+                                 {**encoder.info, "config": encoder.config.canonical()})
+    from layerbank.workers.backends import make_backend
+    from layerbank.workers.ray_backend import RayUnavailable
+
+    try:
+        backend = make_backend(settings.backend, store, encoder, part_size=settings.part_size,
+                               max_tokens=settings.max_tokens_per_batch,
+                               ray_address=settings.ray_address, ray_actors=settings.ray_actors)
+    except RayUnavailable as e:
+        print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
+        return FATAL_EXIT
+    worker = Worker(store, encoder, WorkerOptions(
+        lease_seconds=settings.lease_seconds, heartbeat_seconds=settings.heartbeat_seconds,
+        part_size=settings.part_size, max_tokens=settings.max_tokens_per_batch,
+        parent_pid=args.parent_pid), backend=backend)
+
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        # no locks here: the handler runs in the main thread between bytecodes, possibly
+        # while that thread holds the very lock Event.set() would take
+        signals.append(signum)
+
+    def watch_signals() -> None:
+        while not signals and not worker.stopping.is_set():
+            time.sleep(0.05)
+        if signals:
+            worker.stop()
+            time.sleep(_HARD_EXIT_S)  # a batch that does not end: leave anyway
+            os._exit(1)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=watch_signals, name="worker-signals", daemon=True).start()
+    logging.getLogger("layerbank.worker").info("worker %s serving %s", worker.id,
+                                               encoder.info.get("name"))
+    worker.run()
+    backend.close()
+    store.close()
+    # everything durable is closed; skip the interpreter's teardown, whose final
+    # garbage collection of the model took ~7 s on a busy machine (a restart waits on it)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The process environment with ``settings`` as its ``LAYERBANK_*`` variables
+    (the API key stays out: the worker does not need it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
+    for name, value in settings.model_dump().items():
+        if value is None or name == "api_key":
+            continue
+        if isinstance(value, list):
+            value = ",".join(map(str, value))
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        env["LAYERBANK_" + name.upper()] = str(value)
+    return env
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass  # not Linux: the worker's parent-pid check still ends it
+
+
+class WorkerSupervisor:
+    """Runs the worker process and restarts it when it dies."""
+
+    def __init__(self, settings: Settings, *, on_fatal: Callable[[int], None],
+                 on_restart: Callable[[int], None] = lambda n: None) -> None:
+        self.settings = settings
+        self.on_fatal = on_fatal
+        self.on_restart = on_restart
+        self.restarts = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="worker-supervisor", daemon=True)
+
+    def start(self) -> WorkerSupervisor:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        # this thread forks the worker and must outlive it: PR_SET_PDEATHSIG
+        # fires when the forking *thread* exits
+        backoff = 1.0
+        cmd = [sys.executable, "-m", "layerbank.app.cli.main", "worker", "--parent-pid", str(os.getpid())]
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            self.proc = subprocess.Popen(cmd, env=settings_env(self.settings),
+                                         preexec_fn=_die_with_parent)
+            rc = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            if rc == FATAL_EXIT:
+                self.on_fatal(rc)
+                return
+            if time.monotonic() - started > 60:
+                backoff = 1.0
+            self.restarts += 1
+            log.error("the worker exited with status %s; restarting it in %.0f s", rc, backoff)
+            self.on_restart(self.restarts)
+            self._stopping.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    def stop(self, timeout: float = 25.0) -> None:
+        self._stopping.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._thread.join(timeout=5)
+

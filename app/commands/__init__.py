@@ -1,1 +1,0 @@
-"""The ``layerbank`` subcommands, one module each (``register(subparsers)``)."""

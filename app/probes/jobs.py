@@ -1,0 +1,318 @@
+"""What a probe or head job does, in the process that runs it (layerbank.app.probes.service
+starts it in a process pool; nothing here touches the event loop).
+
+``run_job(data_dir, job_id, owner, ...)`` opens the store itself (handles are
+per process), reads the job's payload from the catalog, runs it and records
+the outcome on the job row: ``finish`` with the result, ``fail`` with a
+message a person can act on, or ``cancelled`` when ``DELETE /v1/jobs/{id}``
+asked for it. It never raises: the pool only learns that the job is over.
+
+Kinds and payloads (made by app/api/routes/probes.py and app/api/routes/heads.py)::
+
+    probe  {"task": "sentence_classification", "dataset_id", "views", "poolings", "head",
+            "cv", "seed", "control_task", "learning_curve", "train_sizes"}
+           -> layerbank.app.probes.sweep.run_probe's result + "recommendation" (layerbank.app.probes.advice) + "dataset"
+    probe  {"task": "token_classification", "train_id", "valid_id" | None, "valid_fraction",
+            "views", "seed", "control_task", "word_mode", "span_f1" | None}
+           -> layerbank.app.probes.token_probe.run_token_probe's result + "model", "datasets", "split", ...
+    head   {"head_id", "dataset_id", "head", "view", "pooling", "seed"}
+           -> {"head_id", "n_bytes", "classes", ...}; files under heads/<head_id>/
+
+A heartbeat thread renews the job's lease every ``heartbeat_s`` and writes
+the latest progress ({done, total, stage, eta_seconds}); a renewal refused
+(cancelled, or the lease went elsewhere) stops the job at its next progress
+tick. If the server that started this process dies, the process exits: the
+job is handed to the next server by its lease (cache/jobs.py).
+
+Example (what the pool calls)::
+
+    run_job("layerbank-data", "3f2a...", "host:123:probes", lease_s=30, heartbeat_s=5)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from layerbank.app.probes.advice import recommend
+from layerbank.app.probes.heads import save_head
+from layerbank.app.probes.heads_store import HeadStore
+from layerbank.app.probes.sweep import ProbeInputError, fit_head, run_probe
+from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
+from layerbank.app.probes.spans import TagSchemeError, is_bio_tag
+from layerbank.app.probes.token_probe import run_token_probe
+from layerbank.app.probes.word_features import word_states
+from layerbank.app.probes.wordsets import TaggedSentence, WordSetError
+from layerbank.cache.datasets import Dataset, DatasetItems, DatasetStore
+from layerbank.cache.jobs import Job, JobQueue
+from layerbank.cache.keys import text_key
+from layerbank.cache.store import FeatureStore
+from layerbank.cache.views import ViewError
+
+__all__ = ["Stopped", "dataset_keys", "run_job", "tagged_sentences"]
+
+log = logging.getLogger("layerbank.probes")
+_PROGRESS_WRITE_S = 0.5
+# errors whose message is for the user as it is (LookupError: deleted meanwhile, not extracted)
+_USER_ERRORS = (JobInputError, ProbeInputError, TagSchemeError, ViewError, WordSetError, LookupError)
+
+
+class Stopped(Exception):
+    """The job was cancelled or lost its lease."""
+
+
+def dataset_keys(ds: Dataset, texts: Sequence[str]) -> list[str]:
+    return [text_key(str(ds.meta.get("fingerprint", "")), ds.config, t) for t in texts]
+
+
+def tagged_sentences(items: DatasetItems) -> list[TaggedSentence]:
+    if items.words is None or items.tags is None:
+        raise JobInputError("this dataset has no words and tags; a token probe needs a word/tag dataset")
+    return [TaggedSentence(tuple(w), tuple(t)) for w, t in zip(items.words, items.tags)]
+
+
+# -- the job's lease, progress and cancellation -----------------------------------
+class _Control:
+    def __init__(self, queue: JobQueue, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
+                 parent_pid: int | None) -> None:
+        self.queue, self.job_id, self.owner, self.lease_s = queue, job_id, owner, lease_s
+        self.parent_pid = parent_pid
+        self.doc: dict[str, Any] = {"done": 0, "total": None, "stage": "starting"}
+        self.stopped = threading.Event()
+        self._over = threading.Event()
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._written = 0.0
+        self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self, every: float) -> None:
+        while not self._over.wait(every):
+            if self.parent_pid is not None and os.getpid() != self.parent_pid \
+                    and os.getppid() != self.parent_pid:
+                log.warning("job %s: the server that started it is gone; exiting", self.job_id)
+                os._exit(3)  # the job's lease expires and the next server runs it again
+            try:
+                self.write()
+            except Exception:  # a busy catalog: the next beat tries again
+                log.exception("heartbeat of job %s failed", self.job_id)
+
+    def write(self) -> None:
+        with self._lock:
+            doc = dict(self.doc)
+            self._written = time.monotonic()
+        if not self.queue.heartbeat(self.job_id, self.owner, self.lease_s, doc):
+            self.stopped.set()
+
+    def stage(self, text: str) -> None:
+        with self._lock:
+            self.doc["stage"] = text
+        self.check()
+
+    def progress(self, done: int, total: int) -> None:
+        elapsed = time.monotonic() - self._started
+        with self._lock:
+            self.doc.update(done=int(done), total=int(total), elapsed_seconds=round(elapsed, 2),
+                            eta_seconds=round(elapsed / done * (total - done), 2) if done else None)
+            due = time.monotonic() - self._written >= _PROGRESS_WRITE_S
+        if due or done == total:
+            self.write()
+        self.check()
+
+    def check(self) -> None:
+        if self.stopped.is_set():
+            raise Stopped()
+
+    def close(self) -> None:
+        self._over.set()
+        self._beat.join()
+
+
+# -- the entry point ------------------------------------------------------------------
+def run_job(data_dir: str, job_id: str, owner: str, lease_s: float = 30.0, heartbeat_s: float = 5.0,
+            parent_pid: int | None = None) -> str:
+    """Run one claimed job to its end and record the outcome; returns the final state."""
+    store = FeatureStore(data_dir)
+    queue = JobQueue(store.catalog)
+    ctl: _Control | None = None
+    try:
+        job = queue.get(job_id)
+        if job is None or job.state != "running":
+            return "gone"
+        ctl = _Control(queue, job_id, owner, lease_s, heartbeat_s, parent_pid)
+        runner = {"probe": _run_probe, "head": _run_head}.get(job.kind)
+        if runner is None:
+            raise JobInputError(f"no probe runner for jobs of kind {job.kind!r}")
+        result = runner(job, store, ctl)
+        ctl.close()
+        if (queue.get(job_id) or job).cancel_requested:
+            queue.mark_cancelled(job_id)
+            return "cancelled"
+        ctl.write()  # the last progress, done == total
+        queue.finish(job_id, owner, result)
+        return "succeeded"
+    except Stopped:
+        now = queue.get(job_id)
+        if now is not None and now.cancel_requested:
+            queue.mark_cancelled(job_id)
+            return "cancelled"
+        return "lost"  # the lease went to another runner
+    except Exception as e:  # every outcome is recorded on the job
+        known = isinstance(e, _USER_ERRORS)
+        if not known:
+            log.exception("job %s failed", job_id)
+        queue.fail(job_id, owner, str(e) if known else f"{type(e).__name__}: {e}")
+        return "failed"
+    finally:
+        if ctl is not None:
+            ctl.close()
+        store.close()
+
+
+def _runtime() -> dict[str, Any]:
+    """Where the job ran: its process and the BLAS threads it was allowed."""
+    from threadpoolctl import threadpool_info
+
+    threads = [int(p.get("num_threads", 0)) for p in threadpool_info() if p.get("user_api") == "blas"]
+    return {"pid": os.getpid(), "blas_threads": max(threads) if threads else None}
+
+
+def _dataset(store: FeatureStore, dataset_id: str) -> tuple[Dataset, DatasetItems, dict[str, Any]]:
+    datasets = DatasetStore(store.catalog)
+    ds = datasets.get(dataset_id)
+    if ds is None:
+        raise JobInputError(f"dataset {dataset_id} was deleted before the job ran")
+    fp = str(ds.meta.get("fingerprint", ""))
+    info = store.catalog.model_info(fp)
+    if info is None:
+        raise JobInputError(f"dataset {dataset_id} was extracted with a model this store does not know")
+    return ds, datasets.items(dataset_id), info
+
+
+def _read_states(store: FeatureStore, keys: list[str], pooling: str, what: str) -> np.ndarray:
+    res = store.read_pooled(keys, pooling)
+    lost = len(keys) - int(res.found.sum())
+    if lost:
+        raise JobInputError(f"{lost} of the {what}'s {len(keys)} texts are no longer stored (a damaged "
+                            "shard was quarantined); upload the dataset again to recompute them")
+    return res.data
+
+
+def _run_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
+    p = job.payload
+    if p.get("task") == "token_classification":
+        return _run_token_probe(job, store, ctl)
+    ds, items, info = _dataset(store, p["dataset_id"])
+    model = model_summary(info, str(ds.meta.get("fingerprint", "")))
+    keys = dataset_keys(ds, items.texts)
+
+    def get_states(pooling: str) -> np.ndarray:
+        ctl.stage(f"reading {pooling}-pooled hidden states")
+        states = _read_states(store, keys, pooling, "dataset")
+        ctl.stage("fitting")
+        return states
+
+    result = run_probe(get_states, items.labels, views=p["views"], poolings=p["poolings"], head=p["head"],
+                       cv=p["cv"], seed=p["seed"], control_task=p["control_task"],
+                       learning_curve=p["learning_curve"], train_sizes=p["train_sizes"],
+                       model_info=model, progress=ctl.progress, threads=1)
+    try:
+        result["recommendation"] = recommend(result, model)
+    except ValueError as e:  # a model row registered before n_params was counted
+        result["recommendation"] = {"text": f"no recommendation: {e}", "numbers": None}
+    result["task"]["name"] = "sentence_classification"
+    result["dataset"] = {"id": ds.id, "name": ds.name, "n_items": ds.n_items}
+    result["runtime"] = _runtime()
+    return result
+
+
+def _run_token_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
+    p = job.payload
+    train_ds, train_items, info = _dataset(store, p["train_id"])
+    fp = str(train_ds.meta.get("fingerprint", ""))
+    train = tagged_sentences(train_items)
+    split: dict[str, Any]
+    if p.get("valid_id"):
+        valid_ds, valid_items, _ = _dataset(store, p["valid_id"])
+        if (str(valid_ds.meta.get("fingerprint", "")), valid_ds.config) != (fp, train_ds.config):
+            raise JobInputError("the train and valid datasets were extracted with different models or "
+                                "extraction configs; their word states cannot be compared")
+        valid = tagged_sentences(valid_items)
+        split = {"method": "datasets", "train": train_ds.id, "valid": valid_ds.id}
+    else:
+        tr, va = split_sentences(len(train), float(p["valid_fraction"]), int(p["seed"]))
+        train, valid = [train[i] for i in tr], [train[i] for i in va]
+        split = {"method": "seeded split of one dataset", "dataset": train_ds.id,
+                 "valid_fraction": p["valid_fraction"], "seed": p["seed"]}
+    span_f1 = p.get("span_f1")
+    if span_f1 is None:  # BIO tags: entity F1; anything else (POS ...): word accuracy only
+        span_f1 = all(is_bio_tag(t) for s in train + valid for t in s.tags)
+    ctl.progress(0, 3)
+    ctl.stage("reading word states (train)")
+    train_states = word_states(store, fp, train_ds.config, train, mode=p["word_mode"])
+    ctl.progress(1, 3)
+    ctl.stage("reading word states (valid)")
+    valid_states = word_states(store, fp, train_ds.config, valid, mode=p["word_mode"])
+    ctl.progress(2, 3)
+    ctl.stage("fitting one tagger per view")
+    result = run_token_probe(train_states, valid_states, views=p["views"], seed=int(p["seed"]),
+                             control_task=bool(p["control_task"]), span_f1=bool(span_f1))
+    ctl.progress(3, 3)
+    best = next(r for r in result["rows"] if r["view"] == result["best"])
+    metric = result["metric"]
+    control = "" if best["control_accuracy"] is None else (
+        f"; on control tags (a fixed random tag per word type) it scores {best['control_accuracy']:.3f}"
+        f" word accuracy, selectivity {best['selectivity']:.3f}")
+    result.update(task={"name": "token_classification"}, model=model_summary(info, fp), word_mode=p["word_mode"],
+                  split=split, n_sentences={"train": len(train), "valid": len(valid)},
+                  summary=f"Best view: {best['view']} with {metric.replace('_', ' ')} {best[metric]:.3f} "
+                          f"(word accuracy {best['word_accuracy']:.3f}){control}.",
+                  runtime=_runtime())
+    return result
+
+
+def _run_head(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
+    p = job.payload
+    heads = HeadStore(store.catalog, store.root)
+    rec = heads.get(p["head_id"])
+    if rec is None:
+        raise JobInputError(f"head {p['head_id']} was deleted before it was fitted")
+    ds, items, info = _dataset(store, p["dataset_id"])
+    ctl.progress(0, 2)
+    ctl.stage(f"reading {p['pooling']}-pooled hidden states")
+    states = _read_states(store, dataset_keys(ds, items.texts), p["pooling"], "dataset")
+    ctl.stage("fitting")
+    labels = items.labels
+    head = fit_head(states, labels, p["view"], head=p["head"], seed=int(p["seed"]), threads=1)
+    ctl.progress(1, 2)
+    ctl.check()  # cancelled while fitting: write nothing
+    classes, counts = np.unique(np.asarray(labels).astype(str), return_counts=True)
+    model = model_summary(info, rec.fingerprint)
+    meta = {"layerbank_head_id": rec.id, "name": rec.name, "view": p["view"], "pooling": p["pooling"],
+            "model": model, "extraction_config": rec.config,
+            "dataset": {"id": ds.id, "name": ds.name, "n_items": ds.n_items},
+            "classes": [str(c) for c in classes],
+            "class_counts": {str(c): int(k) for c, k in zip(classes, counts)},
+            "n_examples": len(labels), "seed": int(p["seed"]), "input_shape": _input_shape(p["view"], states),
+            "from_probe": p.get("from_probe")}
+    tmp = heads.temp_directory(rec.id)
+    save_head(head, tmp, meta)
+    rec = heads.publish(rec.id, tmp, meta)
+    ctl.progress(2, 2)
+    return {"head_id": rec.id, "n_bytes": rec.n_bytes, "classes": meta["classes"],
+            "n_examples": meta["n_examples"], "runtime": _runtime()}
+
+
+def _input_shape(view: str, states: np.ndarray) -> list[int]:
+    """Shape of one input row the head reads: [H, d] for a scalar mix, else [dim]."""
+    if view == "scalar_mix":
+        return list(states.shape[1:])
+    from layerbank.cache.views import parse_view
+
+    return [parse_view(view).output_dim(states.shape[1], states.shape[2])]

@@ -1,0 +1,165 @@
+"""PNG plots of a ``run_probe`` result (matplotlib, Agg, no pyplot).
+
+``probe_plot_png(result)``: accuracy by hidden state with error bars (one
+line per pooling), other views (concat, scalar mix ...) as marked points to
+the right, the control task as a dashed grey line, the best entry starred,
+chance as a dotted line and the advice thresholds dashed (0.65 and 0.85 for
+a balanced binary task; scaled from chance otherwise, see layerbank.app.probes.advice).
+
+``learning_curve_png(result)``: accuracy of the best view against the
+number of training examples (log axis), mean ± std over folds.
+
+``probe_figure`` / ``learning_curve_figure`` return the ``Figure`` itself
+(for tests and notebooks). Figures are built on ``matplotlib.figure.Figure``
+with an Agg canvas, never ``pyplot``: no global state, safe in a server.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from layerbank.app.probes.advice import thresholds
+
+__all__ = ["learning_curve_figure", "learning_curve_png", "probe_figure", "probe_plot_png"]
+
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
+_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()
+
+
+def _short(view: str) -> str:
+    if view.startswith("weighted:"):
+        return "weighted"
+    return view if len(view) <= 16 else view[:15] + "…"
+
+
+def _references(ax: Axes, result: dict[str, Any]) -> None:
+    """Chance (dotted) and the advice thresholds (dashed), labelled at the right."""
+    chance = result["task"]["chance_accuracy"]
+    low, high = thresholds(chance)
+    ax.axhline(chance, color="grey", linestyle=":", linewidth=1)
+    ax.axhline(low, color="firebrick", linestyle="--", linewidth=1, alpha=0.7)
+    ax.axhline(high, color="seagreen", linestyle="--", linewidth=1, alpha=0.7)
+    for y, text, color in ((chance, f"chance (most frequent class) {chance:.3f}", "grey"),
+                           (low, f"{low:.3g}: fine-tuning likely worth it below", "firebrick"),
+                           (high, f"{high:.3g}: fine-tuning likely adds little above", "seagreen")):
+        ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=8, color=color)
+
+
+def _title(result: dict[str, Any], what: str) -> str:
+    task, model = result["task"], result.get("model") or {}
+    name = model.get("name", "encoder")
+    return (f"{what}: {name}, {task['head']} head\n{task['n_examples']:,} examples, "
+            f"{len(task['classes'])} classes, {task['cv']}-fold CV")
+
+
+def probe_figure(result: dict[str, Any]) -> Figure:
+    """The score-by-layer figure (see the module docstring)."""
+    task = result["task"]
+    n_states = task["n_hidden_states"]
+    fig = Figure(figsize=(11, 6.5), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    others = list(dict.fromkeys(r["view"] for r in result["results"] if r["layer"] is None))
+    position = {v: n_states + 0.5 + i for i, v in enumerate(others)}
+    poolings = list(dict.fromkeys(r["pooling"] for r in result["results"]))
+    lows = []
+    for i, pooling in enumerate(poolings):
+        color, marker = _COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]
+        rows = [r for r in result["results"] if r["pooling"] == pooling]
+        layers = sorted({r["layer"]: r for r in rows if r["layer"] is not None}.values(), key=lambda r: r["layer"])
+        if layers:
+            ax.errorbar([r["layer"] for r in layers], [r["accuracy"]["mean"] for r in layers],
+                        yerr=[r["accuracy"]["std"] for r in layers], color=color, marker=marker,
+                        capsize=3, linewidth=1.8, label=f"{pooling} pooling")
+        offset = (i - (len(poolings) - 1) / 2) * 0.12
+        for r in rows:
+            if r["layer"] is None:
+                ax.errorbar(position[r["view"]] + offset, r["accuracy"]["mean"], yerr=r["accuracy"]["std"],
+                            color=color, marker=marker, markersize=8, capsize=3, linestyle="none",
+                            label=None if layers else f"{pooling} pooling")
+        lows += [r["accuracy"]["mean"] - r["accuracy"]["std"] for r in rows]
+    control = result.get("control_task")
+    if control:
+        rows = sorted((r for r in control["results"] if r["layer"] is not None), key=lambda r: r["layer"])
+        ax.plot([r["layer"] for r in rows], [r["control_accuracy"] for r in rows], color="dimgrey",
+                linestyle="--", marker="x", label=f"control task (shuffled labels, {control['pooling']})")
+        for r in control["results"]:
+            if r["layer"] is None:
+                ax.plot(position[r["view"]], r["control_accuracy"], color="dimgrey", marker="x", markersize=8)
+        lows += [r["control_accuracy"] for r in control["results"]]
+    best = result["best"]
+    best_x = best["layer"] if best["layer"] is not None else position[best["view"]]
+    ax.plot(best_x, best["accuracy"], marker="*", markersize=18, color="gold", markeredgecolor="black",
+            linestyle="none", zorder=5, label=f"best: {_short(best['view'])}, {best['pooling']} "
+                                              f"({best['accuracy']:.3f})")
+    _references(ax, result)
+    ticks = list(range(n_states)) + [position[v] for v in others]
+    labels = [str(k) for k in range(n_states)] + [_short(v) for v in others]
+    ax.set_xticks(ticks, labels, rotation=0 if not others else 20)
+    if others:
+        ax.axvline(n_states - 0.25, color="lightgrey", linewidth=1)
+    ax.set_xlabel(f"hidden state (0 = embedding output, {n_states - 1} = last layer); other views at right")
+    ax.set_ylabel(f"accuracy (mean ± std over {task['cv']} folds)")
+    ax.set_ylim(max(0.0, min(lows + [task["chance_accuracy"]]) - 0.05), 1.02)
+    ax.grid(True, axis="y", alpha=0.3)
+    # below the axes: inside, it hid points whatever corner it took
+    fig.legend(loc="outside lower center", ncols=3, fontsize=9, frameon=False)
+    ax.set_title(_title(result, "Probe accuracy by layer"))
+    return fig
+
+
+def learning_curve_figure(result: dict[str, Any]) -> Figure:
+    """Accuracy of the best view against training examples per fold."""
+    fig = Figure(figsize=(9, 6), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    curve = result.get("learning_curve")
+    ax.set_xlabel("training examples (log scale)")
+    ax.set_ylabel(f"accuracy on held-out folds (mean ± std over {result['task']['cv']})")
+    if not curve or not curve["points"]:
+        ax.text(0.5, 0.5, "no learning curve in this result", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(_title(result, "Learning curve"))
+        return fig
+    points = curve["points"]
+    xs = [p["train_size"] for p in points]
+    mean = [p["accuracy"]["mean"] for p in points]
+    std = [p["accuracy"]["std"] for p in points]
+    ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                    color="tab:blue", alpha=0.15, linewidth=0)
+    ax.errorbar(xs, mean, yerr=std, color="tab:blue", marker="o", capsize=3,
+                label=f"{_short(curve['view'])}, {curve['pooling']} pooling")
+    f1 = [p["macro_f1"]["mean"] for p in points]
+    ax.plot(xs, f1, color="tab:orange", marker=".", linestyle="-", alpha=0.8, label="macro-F1")
+    for p in points:
+        ax.annotate(f"{p['accuracy']['mean']:.3f}", (p["train_size"], p["accuracy"]["mean"]),
+                    xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{x:,}" + ("\n(all)" if p["label"] == "all" else "") for x, p in zip(xs, points)])
+    ax.minorticks_off()
+    _references(ax, result)
+    ax.set_ylim(max(0.0, min(min(f1), min(m - s for m, s in zip(mean, std)),
+                             result["task"]["chance_accuracy"]) - 0.05), 1.02)
+    ax.grid(True, alpha=0.3)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=9, frameon=False)
+    ax.set_title(_title(result, "Learning curve of the best view"))
+    return fig
+
+
+def probe_plot_png(result: dict[str, Any]) -> bytes:
+    """PNG bytes of ``probe_figure(result)``."""
+    return _png(probe_figure(result))
+
+
+def learning_curve_png(result: dict[str, Any]) -> bytes:
+    """PNG bytes of ``learning_curve_figure(result)``."""
+    return _png(learning_curve_figure(result))

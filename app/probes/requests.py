@@ -1,0 +1,235 @@
+"""What a probe request must satisfy before a job is queued, and the pieces
+the routes, the jobs (app/probes/jobs.py) and the CLI share.
+
+``sentence_payload(state, req)`` / ``token_payload(state, req)`` check a
+``ProbeCreate`` against its dataset(s) and the model they were extracted
+with, and return the job payload. They raise the API's errors (layerbank.app.api.errors):
+404 unknown dataset, 409 (with ``job_id``) extraction not succeeded, 422
+anything a user can fix (labels, views, head, options of the other task).
+They read the catalog: call them from a thread.
+
+Example::
+
+    payload = sentence_payload(state, ProbeCreate(dataset="ds_1a2b3c4d5e6f", cv=5))
+    service.submit("probe", payload)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
+from layerbank.app.api.schemas import Pooling
+from layerbank.cache.datasets import Dataset
+
+if TYPE_CHECKING:
+    from layerbank.app.api.deps import AppState
+
+__all__ = ["DEFAULT_TRAIN_SIZES", "DEFAULT_VIEWS", "MODEL_KEYS", "JobInputError", "ProbeCreate",
+           "model_summary", "ready_dataset", "sentence_payload", "split_sentences", "token_payload"]
+
+MODEL_KEYS = ("name", "num_layers", "n_hidden_states", "hidden_size", "n_params", "n_bias_params")
+DEFAULT_VIEWS = ["each_layer", "concat_last_4", "sum_last_4", "mean_all", "scalar_mix"]
+DEFAULT_TRAIN_SIZES = [50, 100, 200, 500, 1000]
+_SENTENCE_ONLY = ("poolings", "head", "cv", "learning_curve", "train_sizes")
+_TOKEN_ONLY = ("train", "valid", "valid_fraction", "word_mode", "span_f1")
+
+
+class JobInputError(ValueError):
+    """Input a probe job cannot run on: the job's error text (and a 422 when found up front)."""
+
+
+class ProbeCreate(BaseModel):
+    """The body of ``POST /v1/probes``."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: Literal["sentence_classification", "token_classification", "sentence", "token"] = Field(
+        "sentence_classification", description="sentence_classification (labelled texts) or "
+        "token_classification (words with tags)")
+    dataset: str | None = Field(None, description="labelled dataset; for a token task, the word/tag "
+                                "dataset to split with valid_fraction")
+    views: list[str] | None = Field(None, min_length=1, max_length=64, description="each_layer, "
+                                    "scalar_mix, or view specs (layer:K, concat_last_4, ...); default "
+                                    f"{DEFAULT_VIEWS} (token task: ['each_layer'])")
+    poolings: list[Pooling] = Field(["mean", "cls"], min_length=1, max_length=3)
+    head: str = Field("logistic", description="logistic, ridge, linear_svm, mlp, knn")
+    cv: int = Field(5, ge=2, le=20, description="stratified folds")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    control_task: bool = Field(True, description="also probe shuffled labels (selectivity)")
+    learning_curve: bool = True
+    train_sizes: list[int] | None = Field(None, max_length=20, description=f"default {DEFAULT_TRAIN_SIZES}")
+    train: str | None = Field(None, description="token task: word/tag dataset to train on")
+    valid: str | None = Field(None, description="token task: word/tag dataset to score on")
+    valid_fraction: float | None = Field(None, gt=0, lt=1, description="token task without valid: "
+                                         "the share of sentences held out (default 0.2)")
+    word_mode: Literal["first", "mean"] = Field("first", description="token task: a word's first "
+                                                "sub-token, or the mean of its sub-tokens")
+    span_f1: bool | None = Field(None, description="token task: score entity spans (BIO tags); "
+                                 "default: when every tag is BIO")
+
+
+def model_summary(info: dict[str, Any] | None, fingerprint: str) -> dict[str, Any]:
+    """What layerbank.app.probes.advice and the result show about the model (the catalog's row)."""
+    info = info or {}
+    return {k: info[k] for k in MODEL_KEYS if k in info} | {"fingerprint": fingerprint}
+
+
+def split_sentences(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of ``n`` sentences into (train, valid) indices, each sorted."""
+    n_valid = round(n * valid_fraction)
+    if n_valid < 1 or n - n_valid < 1:
+        raise JobInputError(f"valid_fraction {valid_fraction} of {n} sentences leaves "
+                            f"{n - n_valid} for training and {n_valid} for validation; both need one")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[n_valid:]), np.sort(order[:n_valid])
+
+
+def ready_dataset(state: AppState, dataset_id: str, field: str) -> tuple[Dataset, dict[str, Any]]:
+    """The dataset and its model's catalog row, once its extraction has succeeded.
+
+    404 unknown; 409 (with ``job_id``) while its extraction job is queued or
+    running, or after it failed or was cancelled."""
+    ds = state.datasets.get(dataset_id)
+    if ds is None:
+        raise NotFound(f"no dataset {dataset_id!r}", field=field)
+    job = state.queue.get(ds.job_id) if ds.job_id else None
+    if job is None:
+        raise Conflict(f"dataset {ds.id} has no extraction job; upload it again")
+    if job.state != "succeeded":
+        extra = {"job_id": job.id, "job_state": job.state}
+        if job.state in ("failed", "cancelled"):
+            raise Conflict(f"dataset {ds.id} has no features: its extraction job {job.id} {job.state}"
+                           f"{': ' + job.error if job.error else ''}; upload it again", extra=extra)
+        done = f" ({job.progress.get('done', 0)}/{job.progress.get('total', '?')} texts)" \
+            if job.progress.get("total") else ""
+        raise Conflict(f"dataset {ds.id} is not extracted yet: its extraction job {job.id} is "
+                       f"{job.state}{done}; retry when GET /v1/jobs/{job.id} says succeeded",
+                       extra=extra, headers={"Retry-After": "2"})
+    info = state.store.catalog.model_info(str(ds.meta.get("fingerprint", "")))
+    if info is None:
+        raise Conflict(f"dataset {ds.id} was extracted with a model this store does not know")
+    return ds, info
+
+
+def _fits(view: str, n_states: int) -> bool:
+    from layerbank.app.probes.inputs import ProbeInputError, expand_views
+
+    try:
+        expand_views([view], n_states)
+    except ProbeInputError:
+        return False
+    return True
+
+
+def _input_error(e: Exception, field: str) -> InvalidInput:
+    return InvalidInput(f"{field}: {e}", field=field)
+
+
+def _not_for(req: ProbeCreate, names: tuple[str, ...], task: str) -> None:
+    given = [n for n in names if n in req.model_fields_set]
+    if given:
+        raise InvalidInput(f"{', '.join(given)}: not used by {task} probes; remove "
+                           f"{'it' if len(given) == 1 else 'them'} or change task", field=given[0])
+
+
+def sentence_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
+    from layerbank.app.probes.inputs import ProbeInputError, check_labels, check_options, expand_views
+
+    _not_for(req, _TOKEN_ONLY, "sentence_classification")
+    if req.dataset is None:
+        raise InvalidInput("dataset: give the id of a labelled dataset (POST /v1/datasets)", field="dataset")
+    ds, info = ready_dataset(state, req.dataset, "dataset")
+    if ds.task != "sentence":
+        raise InvalidInput(f"dataset {ds.id} holds words and tags; probe it with "
+                           "task=token_classification", field="task")
+    n_states = int(info["n_hidden_states"])
+    views = req.views or [v for v in DEFAULT_VIEWS if _fits(v, n_states)]  # concat_last_4 needs 4 states
+    for field, head, checked in (("head", req.head, ["each_layer"]), ("views", "logistic", views)):
+        try:
+            check_options(cv=req.cv, head=head, views=checked, poolings=req.poolings)
+        except ProbeInputError as e:
+            raise _input_error(e, field) from None
+    try:
+        expand_views(views, n_states)
+    except ProbeInputError as e:
+        raise InvalidInput(f"views: {e} (model {info.get('name')})", field="views") from None
+    labels = state.datasets.items(ds.id).labels
+    if all(label is None for label in labels):
+        raise InvalidInput(f"dataset {ds.id} has no labels; upload it with labels (JSON) or a "
+                           "label_column (file) to probe it", field="dataset")
+    try:
+        check_labels(labels, req.cv)
+    except ProbeInputError as e:
+        raise InvalidInput(f"dataset {ds.id}: {e}", field="dataset") from None
+    sizes = req.train_sizes or DEFAULT_TRAIN_SIZES
+    if any(s < 2 for s in sizes):
+        raise InvalidInput("train_sizes: each size must be at least 2", field="train_sizes")
+    return {"task": "sentence_classification", "dataset_id": ds.id, "views": views,
+            "poolings": list(dict.fromkeys(req.poolings)), "head": req.head, "cv": req.cv, "seed": req.seed,
+            "control_task": req.control_task, "learning_curve": req.learning_curve, "train_sizes": sizes}
+
+
+def _word_dataset(state: AppState, dataset_id: str, field: str) -> tuple[Dataset, dict[str, Any], Any]:
+    ds, info = ready_dataset(state, dataset_id, field)
+    if ds.task != "token":
+        raise InvalidInput(f"{field}: dataset {ds.id} holds texts, not words and tags; a token probe "
+                           "needs a word/tag dataset (POST /v1/datasets with words and tags, or a "
+                           "CoNLL file)", field=field)
+    items = state.datasets.items(ds.id)
+    if items.tags is None:
+        raise InvalidInput(f"{field}: dataset {ds.id} has words but no tags", field=field)
+    return ds, info, items
+
+
+def token_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
+    from layerbank.app.probes.spans import TagSchemeError, check_bio
+    from layerbank.app.probes.token_probe import expand_views
+    from layerbank.cache.views import ViewError
+
+    _not_for(req, _SENTENCE_ONLY, "token_classification")
+    if req.train and req.dataset:
+        raise InvalidInput("give train (and valid), or dataset with valid_fraction, not both", field="dataset")
+    if req.valid and req.valid_fraction is not None:
+        raise InvalidInput("give valid or valid_fraction, not both", field="valid_fraction")
+    field = "train" if req.train else "dataset"
+    train_id = req.train or req.dataset
+    if train_id is None:
+        raise InvalidInput("train: give the word/tag dataset to train on (and valid, or valid_fraction)",
+                           field="train")
+    train, info, train_items = _word_dataset(state, train_id, field)
+    tags = list(train_items.tags)
+    valid_id, fraction = None, req.valid_fraction
+    if req.valid:
+        valid, _, valid_items = _word_dataset(state, req.valid, "valid")
+        if (valid.meta.get("fingerprint"), valid.config) != (train.meta.get("fingerprint"), train.config):
+            raise InvalidInput(f"valid: dataset {valid.id} was extracted with another model or extraction "
+                               f"config than {train.id}", field="valid")
+        valid_id = valid.id
+        tags += list(valid_items.tags)
+    else:
+        fraction = 0.2 if fraction is None else fraction
+        try:
+            split_sentences(len(tags), fraction, req.seed)
+        except JobInputError as e:
+            raise _input_error(e, "valid_fraction") from None
+    if len({t for s in train_items.tags for t in s}) < 2:
+        raise InvalidInput(f"{field}: dataset {train.id} carries fewer than 2 distinct tags; nothing to "
+                           "learn", field=field)
+    views = req.views or ["each_layer"]
+    try:
+        expand_views(views, int(info["n_hidden_states"]))
+    except (ViewError, ValueError) as e:
+        raise InvalidInput(f"views: {e} (model {info.get('name')})", field="views") from None
+    if req.span_f1:
+        try:
+            check_bio(tags)
+        except TagSchemeError as e:
+            raise _input_error(e, "span_f1") from None
+    return {"task": "token_classification", "train_id": train.id, "valid_id": valid_id,
+            "valid_fraction": fraction, "views": views, "seed": req.seed,
+            "control_task": req.control_task, "word_mode": req.word_mode, "span_f1": req.span_f1}
+
+

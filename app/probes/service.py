@@ -1,0 +1,249 @@
+"""Probe and head jobs off the event loop: a process pool fed from the job table.
+
+``POST /v1/probes`` and ``POST /v1/heads`` only check their input and
+``submit`` a job (kind ``probe`` or ``head``) to the catalog's job table. A
+dispatcher task on the event loop claims queued jobs of those kinds, under a
+lease, as fast as ``settings.probe_processes`` pool processes free up, and
+hands each to ``layerbank.app.probes.jobs.run_job`` in the pool. The child records the
+outcome on the job row itself (result, error, cancelled); the pool's future
+only tells the dispatcher that a slot is free.
+
+- Pool: ``ProcessPoolExecutor(probe_processes, spawn context)``; each child
+  sets ``OPENBLAS_NUM_THREADS=1`` (and its OpenMP/MKL twins) before numpy
+  loads: probe matrices are small, and on shared cores extra BLAS threads
+  only spin (see layerbank.app.probes.sweep). This module imports no numpy, so the child's
+  start-up does not load it before the limit is set.
+- Owner: ``<host>:<pid>:probes``, the worker's format, so a server that died
+  with jobs running has them requeued by the next start
+  (``Worker.release_orphans``, and ``start`` here).
+- A pool process that dies (killed, out of memory) breaks the pool: its jobs
+  go back to the queue with the attempt counted (``max_attempts`` as for
+  extraction) and a fresh pool is made for the next one.
+- Shutdown: running jobs are handed back to the queue (no attempt counted)
+  and the pool's processes are terminated; the next start runs them again.
+
+Example::
+
+    service = ProbeService(state)          # in the app's lifespan
+    await service.start()
+    job_id = service.submit("probe", payload)
+    ...
+    await service.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from layerbank.app.probes.heads_store import HeadStore
+from layerbank.cache.jobs import pid_alive
+
+if TYPE_CHECKING:
+    from layerbank.app.api.deps import AppState
+
+__all__ = ["JOB_KINDS", "ProbeService"]
+
+log = logging.getLogger("layerbank.probes")
+JOB_KINDS = ("probe", "head")
+_IDLE_POLL_S = 0.25  # how often a free slot looks for queued jobs
+_LEASE_SCAN_S = 1.0  # ... and for jobs whose lease expired
+_CHILD_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_LOADED_HEADS = 16
+
+
+def _init_child() -> None:
+    """Runs first in every pool process, before numpy is imported there."""
+    for var in _CHILD_THREAD_ENV:
+        os.environ[var] = "1"
+
+
+def _run(data_dir: str, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
+         parent_pid: int) -> str:
+    from layerbank.app.probes.jobs import run_job  # imported in the child, after _init_child
+
+    return run_job(data_dir, job_id, owner, lease_s, heartbeat_s, parent_pid)
+
+
+class ProbeService:
+    """Submits, dispatches and runs probe and head jobs for one app."""
+
+    def __init__(self, state: AppState, executor_factory: Callable[[], Executor] | None = None) -> None:
+        self.state = state
+        self.settings = state.settings
+        self.queue = state.queue
+        self.heads = HeadStore(state.store.catalog, self.settings.data_dir)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:probes"
+        # tests swap in a ThreadPoolExecutor before the first job
+        self.executor_factory: Callable[[], Executor] = executor_factory or self._process_pool
+        self._executor: Executor | None = None
+        self._running: dict[str, Future[str]] = {}
+        self._last_claim = 0.0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loaded: OrderedDict[str, Any] = OrderedDict()  # head id -> loaded head
+        self._loaded_lock = threading.Lock()  # loads run in threads
+
+    def _process_pool(self) -> Executor:
+        return ProcessPoolExecutor(max_workers=self.settings.probe_processes,
+                                   mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_child)
+
+    # -- life cycle -------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self.heads.clean()  # temp directories of a crash; nothing runs yet
+        self._release_orphans()
+        self._task = asyncio.create_task(self._dispatch_forever())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for job_id in list(self._running):
+            self.queue.release(job_id, self.owner, died=False)  # the next start runs it again
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            for proc in list(getattr(executor, "_processes", {}).values()):
+                proc.terminate()
+            executor.shutdown(wait=False, cancel_futures=True)
+        self._running.clear()
+
+    def _release_orphans(self) -> None:
+        """Requeue probe/head jobs whose server process on this host is gone."""
+        host = socket.gethostname()
+        for job_id, owner in self.queue.running_owners().items():
+            o_host, _, rest = (owner or "").partition(":")
+            pid, _, tail = rest.partition(":")
+            if o_host != host or tail != "probes" or not pid.isdigit():
+                continue
+            if int(pid) == os.getpid() or pid_alive(int(pid)):
+                continue
+            if self.queue.release(job_id, owner, died=True):
+                log.warning("job %s: the server running it died; requeued", job_id)
+
+    # -- submitting -----------------------------------------------------------------
+    def check_room(self) -> None:
+        """429 (Overloaded) when ``max_queue_depth`` probe/head jobs already wait: a
+        client submitting faster than the pool fits heads must hear it, not grow a backlog."""
+        from layerbank.app.api.errors import Overloaded
+
+        limit = self.settings.max_queue_depth
+        if self.queue.queued(JOB_KINDS) >= limit:
+            raise Overloaded(f"overloaded: {limit} probe and head jobs are already queued "
+                             "(max_queue_depth); retry when one has started",
+                             limit="max_queue_depth", headers={"Retry-After": "5"})
+
+    def submit(self, kind: str, payload: dict[str, Any], job_id: str | None = None) -> str:
+        """Queue a job; the dispatcher picks it up within milliseconds."""
+        if kind not in JOB_KINDS:
+            raise ValueError(f"not a probe job kind: {kind!r}")
+        self.check_room()
+        job_id = self.queue.submit(kind, payload, job_id=job_id or uuid.uuid4().hex[:16],
+                                   max_attempts=self.settings.max_attempts)
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        return job_id
+
+    # -- dispatching ------------------------------------------------------------------
+    async def _dispatch_forever(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                self._dispatch()
+            except Exception:  # a busy catalog: try again at the next tick
+                log.exception("could not dispatch probe jobs")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), _IDLE_POLL_S)
+            except TimeoutError:
+                pass
+
+    def _dispatch(self) -> None:
+        s = self.settings
+        while len(self._running) < s.probe_processes:
+            # the cheap read first; a claim (a write transaction) only when there is work,
+            # or once a second to pick up jobs whose lease expired
+            now = time.monotonic()
+            if not self.queue.queued(JOB_KINDS) and now - self._last_claim < _LEASE_SCAN_S:
+                return
+            self._last_claim = now
+            job = self.queue.claim(self.owner, list(JOB_KINDS), s.lease_seconds)
+            if job is None:
+                return
+            if self._executor is None:
+                self._executor = self.executor_factory()
+            fut = self._executor.submit(_run, str(s.data_dir), job.id, self.owner, s.lease_seconds,
+                                        s.heartbeat_seconds, os.getpid())
+            self._running[job.id] = fut
+            loop = self._loop
+            assert loop is not None
+            fut.add_done_callback(partial(self._done_in_thread, loop, job.id))
+            log.info("job %s (%s) started", job.id, job.kind)
+
+    def _done_in_thread(self, loop: asyncio.AbstractEventLoop, job_id: str, fut: Future[str]) -> None:
+        loop.call_soon_threadsafe(self._finished, job_id, fut)  # a pool thread calls this
+
+    def _finished(self, job_id: str, fut: Future[str]) -> None:
+        if self._running.pop(job_id, None) is None:
+            return  # closed meanwhile
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None:
+            # run_job records every outcome itself: this is the process dying under it
+            log.error("job %s: its probe process failed: %s: %s", job_id, type(exc).__name__, exc)
+            if self.queue.release(job_id, self.owner, died=True):
+                log.warning("job %s requeued (attempt counted)", job_id)
+            if isinstance(exc, BrokenProcessPool):
+                broken, self._executor = self._executor, None
+                if broken is not None:
+                    broken.shutdown(wait=False, cancel_futures=True)
+        else:
+            log.info("job %s: %s", job_id, fut.result())
+        self.forget_head(None)  # a head may have been (re)written
+        assert self._wake is not None
+        self._wake.set()
+
+    # -- loaded heads (predict) -----------------------------------------------------
+    def load_head(self, head_id: str) -> Any:
+        """The saved head, loaded once and kept (a few, least recently used first out).
+
+        Blocking (reads files): call it from a thread."""
+        with self._loaded_lock:
+            head = self._loaded.get(head_id)
+            if head is not None:
+                self._loaded.move_to_end(head_id)
+                return head
+        from layerbank.app.probes.heads import load_head
+
+        head = load_head(self.heads.directory(head_id))
+        with self._loaded_lock:
+            self._loaded[head_id] = head
+            while len(self._loaded) > _LOADED_HEADS:
+                self._loaded.popitem(last=False)
+        return head
+
+    def forget_head(self, head_id: str | None) -> None:
+        """Drop a loaded head (None: all of them), e.g. when it is deleted."""
+        with self._loaded_lock:
+            if head_id is None:
+                self._loaded.clear()
+            else:
+                self._loaded.pop(head_id, None)
+

@@ -1,0 +1,306 @@
+"""Token probe: which layer (or view) of a frozen encoder tags words best.
+
+``run_token_probe(train, valid, views=...)`` fits one linear head per word
+(StandardScaler + multinomial LogisticRegression) for each view on the
+training words' states and scores it on the validation words:
+
+- entity precision / recall / F1 (exact spans, CoNLL semantics, see
+  layerbank.app.probes.spans) and word accuracy; with ``span_f1=False`` (tags that are not
+  BIO, e.g. part-of-speech) only word accuracy, and f1/precision/recall None;
+- a **control task** (Hewitt & Liang, 2019): every word type (the exact word
+  string) gets a fixed random tag drawn from the training tag distribution;
+  the same head is trained and scored on those tags, and
+  ``selectivity = word_accuracy - control_accuracy``. A high selectivity says
+  the states encode the task, not just the identity of the word. The draw for
+  a word depends only on ``seed`` and the word, so it is reproducible and the
+  same in train and valid.
+
+Views: ``"each_layer"`` expands to ``layer:0 .. layer:L``; any other string
+is a layerbank.cache.views spec (``layer:-2``, ``concat_last_4``, ``mean_all``,
+``weighted:...``, ``all_layers`` flattened), or ``"scalar_mix"``: a learned
+ELMo mix of all hidden states fitted jointly with the linear head
+(layerbank.app.probes.scalar_mix.ScalarMixHead with ``Cs=(C,)``: the same C as the other
+views, not chosen by inner CV; at most ``mix_rounds`` rounds of its
+alternating fit, each about one logistic fit: on 20k words a full 30 rounds
+took 20 minutes on 2 busy cores); its row adds ``mix`` = {"layer_weights"
+(softmax, sums to 1), "gamma", "weighted_view" (the ``weighted:...`` spec that
+reproduces the mix up to a shift), "rounds"}; other rows have ``mix`` None.
+
+Words the encoder never saw (cut off by truncation, ``covered`` False) are
+left out of training, predicted ``"O"`` when scoring (so a gold entity there
+counts as missed), and counted in ``n_uncovered``. Their state rows are never
+read, so they may hold anything.
+
+The result is JSON-serializable::
+
+    {"rows": [{"view", "f1", "precision", "recall", "word_accuracy",
+               "fit_seconds", "control_accuracy", "selectivity",
+               "control_fit_seconds", "converged", "per_type"}, ...],
+     "best": "layer:3", "metric": "f1", "tags": [...], "n_words": {...},
+     "n_uncovered": {...}, "n_hidden_states": H, "hidden_size": d, ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from layerbank.app.probes.scalar_mix import ScalarMixHead, weighted_view_spec
+from layerbank.app.probes.spans import check_bio, span_scores, word_accuracy
+from layerbank.cache.views import View, parse_view
+
+__all__ = ["WordStates", "WordStatesLike", "control_tags", "expand_views", "run_token_probe"]
+
+UNCOVERED_TAG = "O"
+SCALAR_MIX = "scalar_mix"
+
+
+class WordStatesLike(Protocol):
+    """What the probe reads: any object with these attributes will do."""
+
+    states: np.ndarray  # [n_words_total, H, d], sentences concatenated in order
+    words: Sequence[Sequence[str]]
+    tags: Sequence[Sequence[str]]
+
+
+@dataclass
+class WordStates:
+    """Per-word states of one split of a word set.
+
+    ``states[i]`` is the i-th word of the concatenated sentences, as
+    ``[H, d]`` (every hidden state); ``covered`` (bool, one per word) is False
+    for words truncated away; None means every word was encoded.
+    """
+
+    states: np.ndarray
+    words: Sequence[Sequence[str]]
+    tags: Sequence[Sequence[str]]
+    covered: np.ndarray | None = None
+
+
+def _checked(split: WordStatesLike, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate a split; return (states, covered mask, flat tags)."""
+    states = np.asarray(split.states)
+    if states.ndim != 3:
+        raise ValueError(f"{name}.states must be [n_words, H, d], got shape {list(states.shape)}")
+    if len(split.words) != len(split.tags):
+        raise ValueError(f"{name}: {len(split.words)} sentences of words but {len(split.tags)} of tags")
+    for s, (w, t) in enumerate(zip(split.words, split.tags)):
+        if len(w) != len(t):
+            raise ValueError(f"{name} sentence {s}: {len(w)} words but {len(t)} tags")
+    n = sum(len(t) for t in split.tags)
+    if states.shape[0] != n:
+        raise ValueError(f"{name}: {n} words in the sentences but {states.shape[0]} state rows")
+    covered = getattr(split, "covered", None)
+    mask = np.ones(n, dtype=bool) if covered is None else np.asarray(covered, dtype=bool)
+    if mask.shape != (n,):
+        raise ValueError(f"{name}.covered must have one entry per word ({n}), got {list(mask.shape)}")
+    flat = np.array([t for sentence in split.tags for t in sentence], dtype=object)
+    return states, mask, flat
+
+
+def expand_views(views: Sequence[str], n_hidden_states: int) -> list[tuple[str, View | None]]:
+    """Expand ``each_layer`` and parse every view; duplicates are dropped.
+
+    ``scalar_mix`` has no fixed View (its weights are learned): it comes back as ``None``.
+    """
+    if isinstance(views, str):
+        views = [views]
+    names: list[str] = []
+    for spec in views:
+        if spec == "each_layer":
+            names.extend(f"layer:{i}" for i in range(n_hidden_states))
+        else:
+            names.append(spec)
+    out: list[tuple[str, View | None]] = []
+    for spec in dict.fromkeys(names):
+        if spec == SCALAR_MIX:
+            out.append((spec, None))
+            continue
+        view = parse_view(spec)
+        view.needed_layers(n_hidden_states)  # raises ViewError naming the layers that exist
+        out.append((spec, view))
+    if not out:
+        raise ValueError("no views to probe; pass e.g. views=['each_layer']")
+    return out
+
+
+def control_tags(words: Sequence[str], tag_counts: dict[str, int] | Counter[str], seed: int) -> np.ndarray:
+    """Control-task tag of each word: a fixed draw per word type.
+
+    The tag is drawn from ``tag_counts`` (normalised) with a uniform number
+    hashed from ``(seed, word)``, so a word type always gets the same tag
+    regardless of where, or in which split, it appears.
+    """
+    tags = sorted(tag_counts)
+    if not tags:
+        raise ValueError("control task needs at least one training tag")
+    counts = np.array([tag_counts[t] for t in tags], dtype=np.float64)
+    cdf = np.cumsum(counts / counts.sum())
+    cache: dict[str, str] = {}
+    out = np.empty(len(words), dtype=object)
+    for i, word in enumerate(words):
+        tag = cache.get(word)
+        if tag is None:
+            digest = hashlib.blake2b(f"{seed}\x00{word}".encode(), digest_size=8).digest()
+            u = int.from_bytes(digest, "big") / 2.0**64
+            tag = tags[min(int(np.searchsorted(cdf, u, side="right")), len(tags) - 1)]
+            cache[word] = tag
+        out[i] = tag
+    return out
+
+
+def _fit_predict(
+    x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, *, seed: int, max_iter: int, c: float,
+    mix: bool = False, mix_rounds: int = 10,
+) -> tuple[np.ndarray, float, bool, Any]:
+    """Predictions on x_valid, fit seconds, converged, and the fitted head (None if not fitted)."""
+    classes = np.unique(y_train)
+    if classes.size == 1:
+        # What the head would learn anyway; LogisticRegression refuses one class
+        # (possible for control tags of a tiny vocabulary).
+        return np.full(x_valid.shape[0], classes[0], dtype=object), 0.0, True, None
+    head: Any
+    if mix:
+        # One C, as for the other views (no inner CV): the head's logistic
+        # regression at the uniform mix is then the mean_all row's, up to scaling.
+        head = ScalarMixHead(Cs=(c,), random_state=seed, max_iter=mix_rounds)
+    else:
+        head = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        start = time.perf_counter()
+        head.fit(x_train, y_train)
+        seconds = time.perf_counter() - start
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    if mix:
+        converged = converged and head.n_iter_ < head.max_iter
+    return head.predict(x_valid), seconds, converged, head
+
+
+def _split(flat: np.ndarray, like: Sequence[Sequence[str]]) -> list[list[str]]:
+    out, pos = [], 0
+    for sentence in like:
+        out.append([str(t) for t in flat[pos : pos + len(sentence)]])
+        pos += len(sentence)
+    return out
+
+
+def run_token_probe(
+    train: WordStatesLike,
+    valid: WordStatesLike,
+    *,
+    views: Sequence[str] = ("each_layer",),
+    seed: int = 0,
+    control_task: bool = True,
+    max_iter: int = 200,
+    mix_rounds: int = 10,
+    C: float = 1.0,
+    span_f1: bool = True,
+) -> dict[str, Any]:
+    """Fit and score a linear word tagger per view; see the module docstring.
+
+    Raises TagSchemeError (a ValueError) naming the sentence and tag if
+    ``span_f1`` and the tags are not BIO; ValueError / ViewError for
+    inconsistent inputs or unknown views.
+    """
+    tr_states, tr_cov, tr_tags = _checked(train, "train")
+    va_states, va_cov, va_tags = _checked(valid, "valid")
+    if tr_states.shape[1:] != va_states.shape[1:]:
+        raise ValueError(
+            f"train states are [H, d] = {list(tr_states.shape[1:])} per word but valid "
+            f"are {list(va_states.shape[1:])}: not the same encoder"
+        )
+    if span_f1:
+        check_bio(train.tags, what="train sentence")
+        check_bio(valid.tags, what="valid sentence")
+    if len(set(tr_tags[tr_cov])) < 2:
+        raise ValueError("the covered training words carry fewer than 2 distinct tags; nothing to learn")
+    n_hidden = tr_states.shape[1]
+    specs = expand_views(views, n_hidden)
+    # Copy only the covered rows, once, instead of once per view.
+    x_tr_all = tr_states if tr_cov.all() else tr_states[tr_cov]
+    x_va_all = va_states if va_cov.all() else va_states[va_cov]
+    gold = [list(t) for t in valid.tags]
+
+    if control_task:
+        counts = Counter(str(t) for t in tr_tags)
+        ctl_tr = control_tags([w for s in train.words for w in s], counts, seed)
+        ctl_va = control_tags([w for s in valid.words for w in s], counts, seed)
+
+    def full_prediction(predicted_covered: np.ndarray) -> np.ndarray:
+        full = np.full(va_tags.shape[0], UNCOVERED_TAG, dtype=object)
+        full[va_cov] = predicted_covered
+        return full
+
+    rows: list[dict[str, Any]] = []
+    for name, view in specs:
+        mix = view is None
+        if view is None:
+            x_tr, x_va = x_tr_all, x_va_all  # [n, H, d]: the head mixes the states itself
+        else:
+            x_tr = view.apply(x_tr_all).reshape(x_tr_all.shape[0], -1)
+            x_va = view.apply(x_va_all).reshape(x_va_all.shape[0], -1)
+        pred, seconds, converged, head = _fit_predict(
+            x_tr, tr_tags[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds
+        )
+        predicted = _split(full_prediction(pred), valid.tags)
+        row: dict[str, Any] = {"view": name}
+        if span_f1:
+            scores = span_scores(gold, predicted)
+            row.update(f1=scores.f1, precision=scores.precision, recall=scores.recall)
+            row["word_accuracy"] = scores.word_accuracy
+            row["per_type"] = {k: vars(v) for k, v in scores.per_type.items()}
+        else:
+            row.update(f1=None, precision=None, recall=None)
+            row["word_accuracy"] = word_accuracy(gold, predicted)
+        row["fit_seconds"] = seconds
+        row["converged"] = converged
+        row["mix"] = None
+        if mix and head is not None:
+            row["mix"] = {
+                "layer_weights": [float(w) for w in head.layer_weights_],
+                "gamma": float(head.gamma_),
+                "weighted_view": weighted_view_spec(head),
+                "rounds": int(head.n_iter_),
+            }
+        row.update(control_accuracy=None, selectivity=None, control_fit_seconds=None)
+        if control_task:
+            c_pred, c_seconds, c_converged, _ = _fit_predict(
+                x_tr, ctl_tr[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds
+            )
+            c_acc = float(np.mean(full_prediction(c_pred) == ctl_va)) if ctl_va.size else 0.0
+            row.update(
+                control_accuracy=c_acc,
+                selectivity=row["word_accuracy"] - c_acc,
+                control_fit_seconds=c_seconds,
+            )
+            row["converged"] = converged and c_converged
+        rows.append(row)
+
+    metric = "f1" if span_f1 else "word_accuracy"
+    best = max(rows, key=lambda r: r[metric])  # first of equals: the earlier view
+    return {
+        "rows": rows,
+        "best": best["view"],
+        "metric": metric,
+        "tags": sorted({str(t) for t in tr_tags}),
+        "n_words": {"train": int(tr_tags.shape[0]), "valid": int(va_tags.shape[0])},
+        "n_uncovered": {"train": int((~tr_cov).sum()), "valid": int((~va_cov).sum())},
+        "uncovered_policy": f"left out of training; predicted {UNCOVERED_TAG!r} when scoring",
+        "n_hidden_states": int(n_hidden),
+        "hidden_size": int(tr_states.shape[2]),
+        "seed": seed,
+        "control_task": control_task,
+    }

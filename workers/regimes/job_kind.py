@@ -1,0 +1,87 @@
+"""The ``regimes`` job kind: freeze or fine-tune, measured, run by the worker.
+
+Payload (built and checked by ``app/api/routes/regimes.py``)::
+
+    {"dataset_id": str, "regimes": [...], "seeds": int, "top_k": int | None,
+     "train_sizes": [int] | None, "max_epochs": int, "patience": int, "split_seed": int}
+
+The handler reads the dataset's texts and labels from the catalog, takes the
+frozen features (mean-pooled ``[n, L + 1, d]``) from the store when every text
+is there (otherwise ``run_regimes`` computes them), and calls
+``layerbank.workers.regimes.run.run_regimes`` on the worker's model and device with the
+worker's ``max_length``, so the trained regimes see the same tokens the store
+was built from. Trained tensors (heads, biases, adapters, layers) go to
+``<data dir>/regimes/<job id>/`` as safetensors, never into the model
+directory; a cancelled job's directory is removed. Progress is reported as
+``{"done", "total"}`` in epochs (one per frozen probe); cancellation is polled
+before every training step through ``ctx.should_continue()``, which also runs
+waiting ``encode`` jobs, so HTTP requests are served during a long fine-tune.
+
+Example (what the worker does with a claimed job)::
+
+    result = run_regimes_job(ctx)
+    result["best"], result["cheapest_within_one_std"], result["artifacts_dir"]
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from layerbank.cache.keys import text_key
+from layerbank.workers.jobs_registry import JobError, register_kind
+from layerbank.workers.regimes.resources import Cancelled
+
+if TYPE_CHECKING:
+    from layerbank.workers.worker import JobContext
+
+__all__ = ["frozen_features", "run_regimes_job"]
+
+
+def frozen_features(ctx: JobContext, texts: list[str]) -> np.ndarray | None:
+    """The store's mean-pooled states of ``texts``, or None when any is missing."""
+    enc = ctx.encoder
+    keys = [text_key(enc.fingerprint, enc.config, t) for t in texts]
+    read = ctx.store.read_pooled(keys, "mean")
+    if not read.found.all():  # evicted or never extracted: run_regimes encodes them itself
+        return None
+    return read.data
+
+
+@register_kind("regimes")
+def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
+    """Run every requested regime on a labelled dataset; the job's result is run_regimes'."""
+    from layerbank.workers.regimes.run import run_regimes  # torch, peft: only when a regimes job runs
+
+    p = ctx.job.payload
+    ds_id = p["dataset_id"]
+    ds = ctx.datasets.get(ds_id)
+    if ds is None:
+        raise JobError(f"dataset {ds_id} was deleted before its regimes job ran")
+    enc = ctx.encoder
+    if ds.meta.get("fingerprint", enc.fingerprint) != enc.fingerprint:
+        raise JobError(f"dataset {ds_id} was extracted with model {ds.model!r}; this worker serves "
+                       f"{enc.info.get('name')!r} ({enc.fingerprint})")
+    items = ctx.datasets.items(ds_id)
+    if items.words is not None or any(label is None for label in items.labels):
+        raise JobError(f"dataset {ds_id} needs a label for every text to compare regimes")
+    out_dir = ctx.store.root / "regimes" / ctx.job.id
+    try:
+        result = run_regimes(
+            items.texts, items.labels, model_path=enc.name, regimes=p["regimes"], seeds=int(p["seeds"]),
+            top_k=p.get("top_k"), train_sizes=p.get("train_sizes"), max_epochs=int(p["max_epochs"]),
+            patience=int(p.get("patience", 2)), split_seed=int(p.get("split_seed", 0)),
+            max_length=int(enc.config.max_length or 512), device=str(enc.device),
+            frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir,
+            progress=lambda done, total: ctx.progress({"done": done, "total": total}),
+            should_cancel=lambda: not ctx.should_continue())
+    except Cancelled:
+        shutil.rmtree(out_dir, ignore_errors=True)  # half a comparison is of no use to anyone
+        raise
+    except ValueError as e:  # run_regimes' input checks: the job cannot run as submitted
+        raise JobError(f"dataset {ds_id}: {e}") from None
+    result["dataset_id"] = ds_id
+    result["artifacts_dir"] = f"regimes/{ctx.job.id}"  # relative to the data directory
+    return result

@@ -1,0 +1,92 @@
+"""The regimes result: per-regime summaries, the verdict, and stored artifacts.
+
+``table_row`` turns one regime's runs (one per seed) into its line: test
+accuracy and macro-F1 as mean and standard deviation (ddof=1) over seeds,
+trainable parameters and their share of encoder + head (the unused pooler
+excluded), bytes to store per task (float32: what trained, plus the head, plus
+the probe's scaler for ``frozen``), seconds per epoch (training steps only,
+validation excluded; for ``frozen``, fitting the probes of every layer), peak
+memory (max over seeds; ``peak_memory_kind`` says how it was measured).
+``choose`` names the best regime and the cheapest within one std of it.
+``save_artifact`` writes trained tensors as safetensors with a JSON sidecar
+(never a pickle).
+
+Example::
+
+    >>> verdict = choose(table)
+    >>> verdict["best"], verdict["cheapest_within_one_std"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerbank.workers.regimes.trainable import expected_trainable, head_params
+
+__all__ = ["choose", "save_artifact", "table_row"]
+
+
+def choose(regimes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Best regime by mean macro-F1, those within one std of it, the cheapest of those."""
+    best = max(regimes, key=lambda r: regimes[r]["macro_f1_mean"])
+    floor = regimes[best]["macro_f1_mean"] - regimes[best]["macro_f1_std"]
+    near = [r for r in regimes if regimes[r]["macro_f1_mean"] >= floor]
+    cheapest = min(near, key=lambda r: (regimes[r]["bytes_per_task"], regimes[r]["trainable_params"]))
+    return {"best": best, "within_noise": near, "cheapest_within_one_std": cheapest}
+
+
+def save_artifact(out_dir: Path | None, stem: str, tensors: Mapping[str, Any], meta: dict[str, Any]) -> None:
+    """Write ``stem.safetensors`` + ``stem.json`` atomically (no pickle anywhere)."""
+    if out_dir is None:
+        return
+    path = out_dir / stem
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".safetensors.tmp")
+    first = next(iter(tensors.values()))
+    if isinstance(first, np.ndarray):
+        from safetensors.numpy import save_file as save_numpy
+        save_numpy(dict(tensors), str(tmp))
+    else:
+        from safetensors.torch import save_file as save_torch
+        save_torch({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path.with_suffix(".safetensors"))
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+
+
+def _summary(runs: list[dict[str, Any]], **fixed: Any) -> dict[str, Any]:
+    out = dict(fixed)
+    for key, name in (("test_accuracy", "accuracy"), ("test_macro_f1", "macro_f1")):
+        vals = np.array([r[key] for r in runs], dtype=float)
+        out[f"{name}_mean"] = float(vals.mean())
+        out[f"{name}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+    out["seconds_per_epoch"] = float(np.mean([r["seconds_per_epoch"] for r in runs]))
+    out["peak_memory_bytes"] = int(max(r["peak_memory_bytes"] for r in runs))
+    out["runs"] = runs
+    return out
+
+
+def table_row(regime: str, runs: list[dict[str, Any]], config: Any, n_frozen: int, n_classes: int,
+              base_params: int, feature_seconds: float) -> dict[str, Any]:
+    """One regime's line: scores over seeds, what trains, and what a task stores."""
+    heads = head_params(int(config.hidden_size), n_classes)
+    first = runs[0]
+    if regime == "frozen":
+        trainable = head = first["trainable"]  # logistic regression: coef + intercept
+        fixed: dict[str, Any] = {"encoder_trainable": 0, "expected_encoder_trainable": 0,
+                                 "matches_formula": True, "feature_seconds": feature_seconds}
+    else:
+        expected = expected_trainable(regime, config, top_k=n_frozen)
+        trainable, head = first["encoder_trainable"] + heads, heads
+        fixed = {"encoder_trainable": first["encoder_trainable"], "expected_encoder_trainable": expected,
+                 "matches_formula": first["encoder_trainable"] == expected}
+    # float32: what trained (LoRA adapters, biases, layers...) + the head (+ the probe's scaler)
+    return _summary(runs, trainable_params=int(trainable), head_params=int(head),
+                    bytes_per_task=4 * int(first["stored_params"]),
+                    trainable_share=trainable / (base_params + head),
+                    peak_memory_kind=first["peak_memory_kind"], **fixed)

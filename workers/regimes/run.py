@@ -1,0 +1,261 @@
+"""Freeze or fine-tune, measured: every regime on one stratified split.
+
+``run_regimes`` splits the labelled texts once (stratified train/validation/
+test, ``split_seed``), then for each training size and seed trains every
+requested regime (``layerbank.workers.regimes.trainable``) and scores it on the same test split.
+
+* ``frozen`` is the probe on cached features: mean-pooled hidden states
+  ``[n, L + 1, d]`` (``frozen_features``, as the store holds them; computed
+  with the encoder in inference mode, float32, when not given). For every
+  hidden state a StandardScaler + LogisticRegression (C=1, lbfgs) is fit on
+  train; the state with the best validation macro-F1 (first on ties) is
+  scored on test. It is deterministic, so its spread over seeds comes only
+  from the training subsample (zero when the whole train split is used).
+* the other regimes fine-tune a copy of the encoder (``layerbank.workers.regimes.finetune``),
+  the head starting by default from a probe on the last hidden state of the
+  same training rows (LP-FT; ``probe_head``).
+
+With ``train_sizes``, seed ``s`` draws a stratified subsample of the train
+split that every regime shares (paired comparison); validation and test stay
+fixed. The headline (``regimes``, ``best``, ...) is the largest size.
+
+Selection uses test macro-F1: ``best`` has the highest mean; ``within_noise``
+lists the regimes whose mean is within one standard deviation (ddof=1 over
+seeds) of the best's; ``cheapest_within_one_std`` is the one of those with
+the fewest bytes to store per task (float32: head, plus biases, adapters,
+layers or the whole encoder). Shares are trainable / (encoder + head), the
+unused pooler excluded. With ``out_dir``, each run's trained tensors go to
+``out_dir/size<n>/<regime>/seed<s>.safetensors`` with a JSON sidecar; the
+model directory is never written.
+
+Example::
+
+    >>> result = run_regimes(texts, labels, regimes=("frozen", "lora"), seeds=3)
+    >>> result["best"], result["cheapest_within_one_std"]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerbank.cache.fingerprint import default_model_path
+from layerbank.workers.batching import token_budget_batches
+from layerbank.workers.encoder import Encoder, Tokenized
+from layerbank.workers.regimes.finetune import Split, TrainSettings, finetune
+from layerbank.workers.regimes.linear_probe import probe_head, probe_layers, stratified_split, subsample
+from layerbank.workers.regimes.trainable import LORA_RANK, REGIMES, default_top_k, encoder_params
+from layerbank.workers.regimes.result import choose, save_artifact, table_row
+from layerbank.workers.regimes.resources import PeakMemory, check_cancel, freeing_on_cancel
+
+__all__ = ["DEFAULT_LR", "run_regimes"]
+
+# Encoder learning rates (the head always uses head_lr): few parameters need
+# large steps (BitFit, LoRA), whole layers need small ones.
+DEFAULT_LR = {"bitfit": 1e-3, "lora": 5e-4, "top_k": 5e-5, "gradual": 5e-5, "full": 5e-5}
+Progress = Callable[[int, int], None] | None
+
+
+def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str | None = None,
+                regimes: Sequence[str] = REGIMES, seeds: int | Sequence[int] = 3,
+                top_k: int | None = None, train_sizes: Sequence[int] | None = None,
+                split_seed: int = 0, test_size: float = 0.2, val_size: float = 0.1,
+                max_epochs: int | Mapping[int, int] = 10, patience: int = 2, batch_size: int = 16,
+                lr: float | Mapping[str, float] | None = None, head_lr: float = 1e-3,
+                max_length: int = 128, device: str = "auto", head_init: str = "probe",
+                frozen_features: np.ndarray | None = None, out_dir: str | os.PathLike[str] | None = None,
+                progress: Progress = None,
+                should_cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Train and score every regime; return a JSON-serialisable result (module docstring).
+
+    ``top_k`` is how many bottom layers the ``top_k`` regime freezes (default half);
+    ``max_epochs`` may map each train size to its epoch budget; ``lr`` overrides
+    ``DEFAULT_LR`` for all regimes (a float) or some (a mapping); ``head_init``
+    "probe" starts every fine-tuned head from ``probe_head`` on the last hidden
+    state's mean-pooled features of the same training rows, "random" from
+    PyTorch's init. Raises
+    ``Cancelled`` (memory already freed) when ``should_cancel()`` turns true, and
+    ``ValueError`` for inconsistent input.
+    """
+    unknown = set(regimes) - set(REGIMES)
+    if unknown or not regimes:
+        raise ValueError(f"unknown regimes {sorted(unknown)}; choose from {REGIMES}")
+    if len(texts) != len(labels):
+        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    sizes: list[int | None] = [*sorted(set(train_sizes))] if train_sizes else [None]
+    model_path = str(model_path or default_model_path())
+    out = None if out_dir is None else Path(out_dir).resolve()
+    if out is not None and out.is_relative_to(Path(model_path).resolve()):
+        raise ValueError("out_dir must not be inside the model directory (weights are read-only)")
+    if head_init not in ("probe", "random"):
+        raise ValueError(f"head_init must be 'probe' or 'random', got {head_init!r}")
+    rates = dict(DEFAULT_LR)
+    rates.update(lr if isinstance(lr, Mapping) else {} if lr is None else dict.fromkeys(rates, lr))
+    dev = device if device != "auto" else ("cuda" if _cuda() else "cpu")
+    job = _Job(regimes=tuple(regimes), seeds=[*range(seeds)] if isinstance(seeds, int) else [*seeds],
+               sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
+               split_seed=split_seed, top_k=top_k, patience=patience, batch_size=batch_size,
+               rates=rates, head_lr=head_lr, head_init=head_init, device=dev, out=out, progress=progress,
+               should_cancel=should_cancel)
+    return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, test_size, val_size,
+                             max_length, frozen_features)
+
+
+def _epochs(max_epochs: int | Mapping[int, int], size: int | None) -> int:
+    if isinstance(max_epochs, Mapping):
+        if size is None or size not in max_epochs:
+            raise ValueError("max_epochs as a mapping needs an entry for every train size")
+        return int(max_epochs[size])
+    return int(max_epochs)
+
+
+def _cuda() -> bool:
+    import torch
+    return bool(torch.cuda.is_available())
+
+
+@dataclass
+class _Job:
+    """One regimes job's settings, and the data it loads as it runs."""
+
+    regimes: tuple[str, ...]
+    seeds: list[int]
+    sizes: list[int | None]
+    epochs: dict[int | None, int]
+    split_seed: int
+    top_k: int | None
+    patience: int
+    batch_size: int
+    rates: dict[str, float]
+    head_lr: float
+    head_init: str
+    device: str
+    out: Path | None
+    progress: Progress
+    should_cancel: Callable[[], bool] | None
+    done: int = 0
+    total: int = 0
+
+    def _tick(self, done: int) -> None:
+        self.done = done
+        if self.progress is not None:
+            self.progress(done, self.total)
+
+    def run(self, texts: list[str], labels: Sequence[Any], model_path: str, test_size: float,
+            val_size: float, max_length: int, features: np.ndarray | None) -> dict[str, Any]:
+        classes, y = np.unique(np.asarray(labels), return_inverse=True)
+        train, val, test = stratified_split(y, test_size, val_size, self.split_seed)
+        encoder = Encoder.load(model_path, device=self.device, precision="fp32", max_length=max_length)
+        ids = encoder.tokenize(texts).input_ids
+        config = encoder.model.config
+        n_frozen = default_top_k(config) if self.top_k is None else self.top_k
+        trained = [r for r in self.regimes if r != "frozen"]
+        self.total = sum(len(self.seeds) * (("frozen" in self.regimes) + len(trained) * self.epochs[s])
+                         for s in self.sizes)
+        feature_seconds = 0.0
+        lp_ft = self.head_init == "probe" and bool(trained)
+        if ("frozen" in self.regimes or lp_ft) and features is None:
+            started = time.perf_counter()
+            features = _mean_features(encoder, ids, self.should_cancel)
+            feature_seconds = time.perf_counter() - started
+        if features is not None and features.shape[0] != len(texts):
+            raise ValueError(f"frozen_features has {features.shape[0]} rows for {len(texts)} texts")
+        meta = {"model_path": model_path, "model_fingerprint": encoder.fingerprint,
+                "classes": classes.tolist()}
+
+        def split(rows: np.ndarray) -> Split:
+            return Split([ids[i] for i in rows], y[rows])
+
+        curve = []
+        for size in self.sizes:
+            runs: dict[str, list[dict[str, Any]]] = {r: [] for r in self.regimes}
+            probes: dict[bytes, dict[str, Any]] = {}
+            for seed in self.seeds:
+                rows = subsample(train, y, size, self.split_seed, seed)
+                head = None
+                if lp_ft:
+                    assert features is not None
+                    head = probe_head(features[rows, -1].astype(np.float32), y[rows], len(classes))
+                stem = f"size{len(rows)}/{{}}/seed{seed}"
+                for regime in self.regimes:
+                    check_cancel(self.should_cancel)
+                    if regime == "frozen":
+                        assert features is not None
+                        if rows.tobytes() not in probes:  # deterministic: fit once per subset
+                            probes[rows.tobytes()] = self._probe(features, y, rows, val, test,
+                                                                 stem.format("frozen"), meta)
+                        runs[regime].append({"seed": seed, **probes[rows.tobytes()]})
+                        self._tick(self.done + 1)
+                        continue
+                    runs[regime].append(self._finetune(regime, seed, size, head, stem.format(regime),
+                                                       encoder, split(rows), split(val), split(test),
+                                                       len(classes), n_frozen, meta))
+            table = {r: table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
+                                   feature_seconds) for r, rs in runs.items()}
+            curve.append({"train_size": len(rows), "regimes": table, **choose(table)})
+        result = {"model": {"path": model_path, "fingerprint": encoder.fingerprint,
+                            "encoder_params": encoder_params(encoder.model),
+                            "num_layers": int(config.num_hidden_layers),
+                            "hidden_size": int(config.hidden_size)},
+                  "split": {"n_train": len(train), "n_val": len(val), "n_test": len(test),
+                            "split_seed": self.split_seed, "test_size": test_size, "val_size": val_size},
+                  "settings": {"seeds": self.seeds, "top_k": n_frozen,
+                               "max_epochs": {str(s): e for s, e in self.epochs.items()},
+                               "patience": self.patience, "batch_size": self.batch_size,
+                               "lr": self.rates, "head_lr": self.head_lr, "head_init": self.head_init,
+                               "max_length": max_length,
+                               "device": self.device, "lora_rank": LORA_RANK},
+                  "classes": classes.tolist(), "score": "test macro-F1", **curve[-1]}
+        if self.sizes != [None]:
+            result["learning_curve"] = curve
+        return result
+
+    def _finetune(self, regime: str, seed: int, size: int | None,
+                  head: tuple[np.ndarray, np.ndarray] | None, stem: str, encoder: Encoder,
+                  train: Split, val: Split, test: Split, n_classes: int, n_frozen: int,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+        settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
+                                 max_epochs=self.epochs[size], patience=self.patience,
+                                 batch_size=self.batch_size, top_k=n_frozen, seed=seed,
+                                 device=self.device, head_init=head)
+        base = self.done
+        run = finetune(encoder.model, train, val, test, n_classes,
+                       int(encoder.tokenizer.pad_token_id or 0), settings,
+                       lambda epoch, _total: self._tick(base + epoch), self.should_cancel)
+        self._tick(base + self.epochs[size])  # early stopping skips the rest
+        scores = {k: v for k, v in vars(run).items() if k != "state"}
+        save_artifact(self.out, stem, run.state,
+                      {"regime": regime, "seed": seed, **meta, "top_k": n_frozen, "lora_rank": LORA_RANK,
+                       "lr": self.rates[regime], "head_init": self.head_init,
+                       "head": "linear on mean-pooled last hidden state", **scores})
+        return {"seed": seed, **scores, "stored_params": sum(t.numel() for t in run.state.values())}
+
+    def _probe(self, features: np.ndarray, y: np.ndarray, rows: np.ndarray, val: np.ndarray,
+               test: np.ndarray, stem: str, meta: dict[str, Any]) -> dict[str, Any]:
+        with PeakMemory("cpu") as memory:  # scikit-learn runs on the CPU whatever the device
+            started = time.perf_counter()
+            metrics, arrays = probe_layers(features.astype(np.float32, copy=False), y, rows, val, test)
+            seconds = time.perf_counter() - started
+        save_artifact(self.out, stem, arrays, {"regime": "frozen", **meta, "pooling": "mean", **metrics})
+        return {**metrics, "seconds_per_epoch": seconds, "peak_memory_bytes": memory.peak_bytes,
+                "peak_memory_kind": memory.kind, "epochs": 1}
+
+
+def _mean_features(encoder: Encoder, ids: list[list[int]],
+                   should_cancel: Callable[[], bool] | None) -> np.ndarray:
+    """Mean-pooled hidden states ``[n, L + 1, d]``, as extraction stores them."""
+    out: np.ndarray | None = None
+    for batch in token_budget_batches([len(r) for r in ids], max_tokens=8192):
+        check_cancel(should_cancel)
+        pooled = encoder.encode(Tokenized([ids[i] for i in batch], [False] * len(batch))).pooled["mean"]
+        if out is None:
+            out = np.empty((len(ids), *pooled.shape[1:]), dtype=np.float32)
+        out[batch] = pooled
+    assert out is not None
+    return out
