@@ -23,7 +23,8 @@ directory is fsynced. A crash leaves at most a ``.tmp`` file.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,25 @@ class CorruptShardError(OSError):
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
         super().__init__(f"shard {os.fspath(path)} is damaged: {reason}")
         self.path = os.fspath(path)
+
+
+# What h5py raises when a file is damaged depends on which structure was hit:
+# a failed chunk checksum or a cut file is an OSError, a mangled object header a
+# KeyError ("bad object header version number"), a mangled dataspace or datatype
+# a ValueError, IndexError, TypeError or RuntimeError. All of them mean the same
+# to a reader, so they are translated here, once (see ``_damage``).
+_DAMAGE_ERRORS = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
+
+
+@contextmanager
+def _damage(path: str, what: str) -> Iterator[None]:
+    """Turn any error h5py raises while reading ``what`` into a CorruptShardError."""
+    try:
+        yield
+    except CorruptShardError:
+        raise
+    except _DAMAGE_ERRORS as e:
+        raise CorruptShardError(path, f"{what}: {type(e).__name__}: {e}") from e
 
 
 @dataclass
@@ -194,10 +214,8 @@ class ShardReader:
 
     def _open(self) -> h5py.File:
         if self._file is None or self._pid != os.getpid():
-            try:
+            with _damage(self.path, "open"):
                 self._file = h5py.File(self.path, "r")
-            except OSError as e:
-                raise CorruptShardError(self.path, str(e)) from e
             self._pid = os.getpid()
         return self._file
 
@@ -208,18 +226,19 @@ class ShardReader:
 
     def _read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (any order, repeats allowed) of dataset ``name``."""
-        ds = self._open()[name]
         uniq, inverse = np.unique(rows, return_inverse=True)  # sorted, as h5py needs
-        try:
+        with _damage(self.path, name):
+            # opening the dataset reads its object header: damage there is damage too
+            ds = self._open()[name]
             lo, hi = int(uniq[0]), int(uniq[-1]) + 1
+            if hi > ds.shape[0]:
+                raise IndexError(f"row {hi - 1} is past the {ds.shape[0]} rows stored")
             if len(uniq) * 4 >= hi - lo:
                 # dense: one contiguous read beats point selections by far
                 block = ds[lo:hi]
                 data = block[uniq - lo]
             else:
                 data = ds[uniq]
-        except (OSError, KeyError, ValueError) as e:
-            raise CorruptShardError(self.path, f"{name}: {e}") from e
         return data[inverse]
 
     def read_pooled(self, rows: np.ndarray, pooling: str) -> np.ndarray:
@@ -227,18 +246,16 @@ class ShardReader:
         return self._read_rows(f"pooled/{pooling}", np.asarray(rows, dtype=np.int64))
 
     def read_keys(self) -> list[str]:
-        try:
+        with _damage(self.path, "keys"):
             return [k.decode() for k in self._open()["keys"][:]]
-        except (OSError, KeyError) as e:
-            raise CorruptShardError(self.path, f"keys: {e}") from e
 
-    def _token_layers(self, g: h5py.Group, layers: list[int] | None) -> list[int]:
-        """Resolve ``layers`` (negative counts from the end) against the stored states.
+    @staticmethod
+    def _token_layers(n_states: int, layers: list[int] | None) -> list[int]:
+        """Resolve ``layers`` (negative counts from the end) against the ``n_states`` stored.
 
         A layer the shard does not hold is the caller's mistake, so it is a
         ValueError, not a CorruptShardError (which would quarantine a sound shard).
         """
-        n_states = sum(1 for k in g if k.startswith("layer_"))
         if layers is None:
             return list(range(n_states))
         if len(layers) == 0:
@@ -286,15 +303,12 @@ class ShardReader:
         Each dataset is read in few ranges (rows less than a chunk apart are
         merged), not row by row: thousands of one-row reads cost far more.
         """
-        f = self._open()
-        try:
-            g = f["tokens"]
-            resolved = self._token_layers(g, layers)
+        with _damage(self.path, "no token-level states"):
+            g = self._open()["tokens"]
+        with _damage(self.path, "tokens"):
+            n_states = sum(1 for k in g if k.startswith("layer_"))
             offsets = g["offsets"][:]
-        except KeyError as e:
-            raise CorruptShardError(self.path, f"no token-level states: {e}") from e
-        except OSError as e:
-            raise CorruptShardError(self.path, f"tokens: {e}") from e
+        resolved = self._token_layers(n_states, layers)
         idx = np.asarray(rows, dtype=np.int64)
         if idx.size == 0:
             return []
@@ -309,7 +323,7 @@ class ShardReader:
                 return ds[pieces[0][0] : pieces[0][1]]
             return np.concatenate([ds[a:b] for a, b in pieces])
 
-        try:
+        with _damage(self.path, "tokens"):
             first = g[f"layer_{resolved[0]}"]
             pieces, local = self._runs(offsets, uniq, first.chunks)
             size = sum(b - a for a, b in pieces)
@@ -318,10 +332,6 @@ class ShardReader:
             for j, i in enumerate(resolved):
                 states[:, j] = block(f"layer_{i}")
             ids, spans, word_ids = block("ids"), block("char_spans"), block("word_ids")
-        except KeyError as e:
-            raise CorruptShardError(self.path, f"no token-level states: {e}") from e
-        except OSError as e:
-            raise CorruptShardError(self.path, f"tokens: {e}") from e
         pos = np.searchsorted(uniq, idx)
         out = []
         for a, n in zip(local[pos].tolist(), lengths[pos].tolist()):
@@ -330,13 +340,10 @@ class ShardReader:
 
     def verify(self) -> None:
         """Read every dataset once so that any checksum failure surfaces."""
-        f = self._open()
-
         def visit(name: str, obj: object) -> None:
             if isinstance(obj, h5py.Dataset):
-                try:
+                with _damage(self.path, name):
                     obj[()]
-                except OSError as e:
-                    raise CorruptShardError(self.path, f"{name}: {e}") from e
 
-        f.visititems(visit)
+        with _damage(self.path, "structure"):
+            self._open().visititems(visit)

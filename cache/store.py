@@ -32,7 +32,7 @@ import numpy as np
 
 from .catalog import Catalog, Entry
 from .keys import ExtractionConfig, text_key
-from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
+from .shard import POOLINGS, CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
 from .views import View
 
 __all__ = ["FeatureStore", "ReadResult"]
@@ -161,7 +161,14 @@ class FeatureStore:
 
     def read_pooled(self, keys: Sequence[str], pooling: str,
                     layers: Sequence[int] | None = None, _retried: bool = False) -> ReadResult:
-        """[len(keys), len(layers) or H, d] float32 rows in the order of ``keys``."""
+        """[len(keys), len(layers) or H, d] float32 rows in the order of ``keys``.
+
+        An unknown pooling is the caller's mistake (ValueError), checked before
+        any file is touched; whatever then fails inside a shard is damage to it
+        (quarantined, its keys reported missing), never "unknown pooling".
+        """
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; stored: {', '.join(POOLINGS)}")
         entries = self.lookup(keys)
         by_shard: dict[str, list[int]] = {}
         for i, k in enumerate(keys):
@@ -187,8 +194,6 @@ class FeatureStore:
                     continue
                 self.quarantine(shard, str(e))
                 continue
-            except KeyError:
-                raise ValueError(f"unknown pooling {pooling!r}; stored: mean, cls, max") from None
             if layers is not None:
                 block = block[:, list(layers)]
             if data is None:
