@@ -29,7 +29,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from layerbank.app.api.errors import InvalidInput, NotReady, error_body
+from layerbank.app.api.errors import InvalidInput, NotReady, body_for
 from layerbank.app.api.rowcache import ROW_CACHE_BYTES, RowCache
 from layerbank.app.api.settings import Settings
 from layerbank.cache.datasets import DatasetStore
@@ -159,9 +159,9 @@ async def get_state(request: Request) -> AppState:
     return request.app.state.layerbank  # type: ignore[no-any-return]
 
 
-async def _send_error(send: Send, status: int, message: str, type_: str,
+async def _send_error(scope: Scope, send: Send, status: int, message: str, type_: str,
                       headers: list[tuple[bytes, bytes]] | None = None, **extra: Any) -> None:
-    body = json.dumps(error_body(message, type_, **extra)).encode()
+    body = json.dumps(body_for(scope["path"], status, message, type_, **extra)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())] + (headers or [])})
@@ -187,7 +187,7 @@ class ApiKeyGuard:
                     given = token.strip()
                 break
         if not hmac.compare_digest(given, self.key):
-            await _send_error(send, 401, "missing or wrong API key: send 'Authorization: Bearer "
+            await _send_error(scope, send, 401, "missing or wrong API key: send 'Authorization: Bearer "
                               "<key>'", "unauthorized", [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)
@@ -215,7 +215,7 @@ class BodyLimitGuard:
         for k, v in scope["headers"]:
             if k == b"content-length":
                 if v.isdigit() and int(v) > self.max:
-                    await _send_error(send, 413, self._message(), "too_large", limit="max_body_bytes")
+                    await _send_error(scope, send, 413, self._message(), "too_large", limit="max_body_bytes")
                     return
                 break
         seen = 0
@@ -237,7 +237,7 @@ class BodyLimitGuard:
             if over:
                 if not started and msg["type"] == "http.response.start":
                     started = True
-                    await _send_error(send, 413, self._message(), "too_large", limit="max_body_bytes")
+                    await _send_error(scope, send, 413, self._message(), "too_large", limit="max_body_bytes")
                 return
             if msg["type"] == "http.response.start":
                 started = True
@@ -249,4 +249,4 @@ class BodyLimitGuard:
             if not over:
                 raise
             if not started:
-                await _send_error(send, 413, self._message(), "too_large", limit="max_body_bytes")
+                await _send_error(scope, send, 413, self._message(), "too_large", limit="max_body_bytes")

@@ -29,6 +29,12 @@ malformed JSON) -> 422; Starlette's ``HTTPException`` (unknown route 404,
 ``STATUS_TYPES``; ``layerbank.cache.views.ViewError`` -> 422 on the ``view`` field;
 anything else -> 500 ``internal`` (logged with its traceback, never shown).
 
+The one exception to the shape is ``/v1/embeddings``, which answers as
+OpenAI does, ``{"error": {"message", "type", "param", "code"}}``, because
+the OpenAI SDK puts only ``error.message`` into its exception text: in our
+shape a user of the SDK saw just ``Error code: 422``. ``code`` there carries
+our own type, ``param`` the field (see ``body_for``).
+
 Example::
 
     raise TooLarge("128 texts in one request; the limit is 64", limit="max_texts_per_request")
@@ -62,6 +68,7 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "UnsupportedMediaType",
+    "body_for",
     "error_body",
     "install_error_handlers",
 ]
@@ -149,6 +156,34 @@ def error_body(message: str, type_: str, **extra: Any) -> dict[str, Any]:
     return body
 
 
+# routes that speak OpenAI's error shape, so OpenAI's SDKs show the reason
+OPENAI_PATHS = frozenset({"/v1/embeddings"})
+
+
+def _openai_type(status: int) -> str:
+    # OpenAI's own kinds: the SDK and its users branch on these
+    if status == 401:
+        return "authentication_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def body_for(path: str, status: int, message: str, type_: str, **extra: Any) -> dict[str, Any]:
+    """The error body for a request to ``path``: OpenAI's shape on OPENAI_PATHS
+    (our type as ``code``, the field as ``param``), ours everywhere else."""
+    if path.rstrip("/") in OPENAI_PATHS:
+        return {"error": {"message": message, "type": _openai_type(status),
+                          "param": extra.get("field"), "code": type_}}
+    return error_body(message, type_, **extra)
+
+
+def _respond(request: Request, status: int, message: str, type_: str,
+             headers: Any = None, **extra: Any) -> JSONResponse:
+    return JSONResponse(body_for(request.url.path, status, message, type_, **extra),
+                        status_code=status, headers=headers)
+
+
 def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
     # ("body", "texts", 3) -> "texts.3"; the "body"/"query" prefix says nothing to a user
     parts = [str(p) for p in loc]
@@ -171,23 +206,23 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     if exc.status >= 500:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
-    return JSONResponse(error_body(exc.message, exc.type, field=exc.field, limit=exc.limit,
-                                   **(exc.extra or {})), status_code=exc.status, headers=exc.headers)
+    return _respond(request, exc.status, exc.message, exc.type, exc.headers, field=exc.field,
+                    limit=exc.limit, **(exc.extra or {}))
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     if not errors:
-        return JSONResponse(error_body("invalid request", "validation"), status_code=422)
+        return _respond(request, 422, "invalid request", "validation")
     field, message = _validation_message(errors[0])
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return JSONResponse(error_body(message, "validation", field=field), status_code=422)
+    return _respond(request, 422, message, "validation", field=field)
 
 
 async def _view_error(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(error_body(str(exc), "validation", field="view"), status_code=422)
+    return _respond(request, 422, str(exc), "validation", field="view")
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -203,8 +238,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
             why = "it is nested too deeply"
         else:
             why = f"{type(cause).__name__}: {cause}" if cause is not None else "it cannot be parsed"
-        return JSONResponse(error_body(f"the body is not valid JSON: {why}", "validation",
-                                       field="body"), status_code=422)
+        return _respond(request, 422, f"the body is not valid JSON: {why}", "validation",
+                        field="body")
     if status == 404 and detail == "Not Found":
         detail = f"no route {request.url.path}; see /docs for the API"
     headers = exc.headers
@@ -214,8 +249,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         allow = ", ".join(_allowed_methods(request))
         headers = {**(headers or {}), "Allow": allow}
         detail = f"method {request.method} is not allowed on {request.url.path}; allowed: {allow}"
-    return JSONResponse(error_body(detail, STATUS_TYPES.get(status, "error")), status_code=status,
-                        headers=headers)
+    return _respond(request, status, detail, STATUS_TYPES.get(status, "error"), headers)
 
 
 def _allowed_methods(request: Request) -> list[str]:
@@ -239,8 +273,7 @@ def _allowed_methods(request: Request) -> list[str]:
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(error_body("internal error; the server log has the details", "internal"),
-                        status_code=500)
+    return _respond(request, 500, "internal error; the server log has the details", "internal")
 
 
 def install_error_handlers(app: FastAPI) -> None:

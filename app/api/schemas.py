@@ -28,6 +28,8 @@ __all__ = [
     "EmbeddingsResponse",
     "EmbeddingsUsage",
     "ErrorResponse",
+    "OpenAIError",
+    "OpenAIErrorResponse",
     "FeatureItem",
     "FeaturesRequest",
     "FeaturesResponse",
@@ -145,6 +147,20 @@ class EmbeddingsResponse(BaseModel):
     data: list[EmbeddingItem]
     model: str
     usage: EmbeddingsUsage
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(description="what went wrong, for a person (the OpenAI SDK shows it)")
+    type: str = Field(description="invalid_request_error, authentication_error, rate_limit_error, "
+                      "server_error")
+    param: str | None = Field(None, description="the request field at fault")
+    code: str | None = Field(None, description="layerbank's own type: validation, too_large, ...")
+
+
+class OpenAIErrorResponse(BaseModel):
+    """/v1/embeddings errors come in OpenAI's shape (app/api/errors.py)."""
+
+    error: OpenAIError
 
 
 # -- datasets -----------------------------------------------------------------

@@ -49,9 +49,28 @@ def test_float_format_single_string_and_extra_view(client: openai.OpenAI,
 
 
 def test_errors_reach_the_client_as_openai_exceptions(client: openai.OpenAI) -> None:
+    # the SDK puts only error.message of OpenAI's shape into str(e): the reason must be there
     with pytest.raises(openai.UnprocessableEntityError) as e:
         client.embeddings.create(model="text-embedding-3-small", input=["a text"])
     assert e.value.status_code == 422
-    assert "is not served here" in str(e.value.body)
-    with pytest.raises(openai.UnprocessableEntityError):
+    assert str(e.value).startswith("Error code: 422 - model 'text-embedding-3-small' is not served here")
+    assert "send model= one of 'default', 'all-MiniLM-L6-v2 (embedded)', 'all-MiniLM-L6-v2'" in str(e.value)
+    assert (e.value.type, e.value.param, e.value.code) == ("invalid_request_error", "model", "validation")
+    with pytest.raises(openai.UnprocessableEntityError) as e:
         client.embeddings.create(model="all-MiniLM-L6-v2", input=["a text"], dimensions=256)
+    assert str(e.value) == ("Error code: 422 - dimensions: this view gives 384-dimensional vectors; "
+                            "vectors are not truncated (omit dimensions or send 384)")
+    assert e.value.param == "dimensions"
+
+
+def test_bad_input_reaches_the_client_with_its_reason(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=["a text", "   "])
+    assert "input.1" in str(e.value) and e.value.param == "input.1", str(e.value)
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=[[101, 2023, 102]])  # token ids
+    assert str(e.value).startswith("Error code: 422 - input"), str(e.value)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=["x" * 5000])
+    assert e.value.status_code == 413
+    assert "input.0 has 5,000 characters" in str(e.value), str(e.value)

@@ -10,6 +10,11 @@ pointed at layerbank (``base_url=http://host:port/v1``) works unchanged.
   layerbank extensions ``view`` and ``pooling`` (``extra_body`` in the client)
   choose others. ``dimensions``, when given, must equal the vector width.
 - ``usage.prompt_tokens``: tokens of every input, cached or not.
+- ``model``: any name ``/info`` lists for the served model (``model_names``
+  in the schema: ``default``, ``all-MiniLM-L6-v2``, its hub name, its
+  fingerprint, its path). Any other name is a 422 that says which is served.
+- Errors come in OpenAI's shape, ``{"error": {"message", "type", "param",
+  "code"}}``, so the SDK's exception text carries the reason (errors.py).
 
 Example::
 
@@ -20,13 +25,14 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import InvalidInput
 from layerbank.app.api.routes.features import (
-    ERROR_RESPONSES,
     check_texts,
     compute_features,
     encode_rows,
@@ -34,14 +40,16 @@ from layerbank.app.api.routes.features import (
     require_json,
     resolve_request,
 )
-from layerbank.app.api.schemas import EmbeddingsRequest, EmbeddingsResponse
+from layerbank.app.api.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIErrorResponse
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": OpenAIErrorResponse} for c in (401, 413, 415, 422, 429, 500, 503, 504)}
 
 
-@router.post("/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES,
+@router.post("/embeddings", response_model=EmbeddingsResponse, responses=_ERRORS,
              dependencies=[Depends(require_json)], summary="OpenAI-compatible embeddings")
 async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state)) -> Response:
     texts = [req.input] if isinstance(req.input, str) else list(req.input)

@@ -109,8 +109,10 @@ def resolve_request(state: AppState, view_spec: str | None, model: str | None,
                     precision: str | None = None) -> tuple[ModelRef, View]:
     m = state.require_model()
     if not m.accepts(model):
+        names = ", ".join(repr(n) for n in m.names()[:4])
         raise InvalidInput(f"model {model!r} is not served here; this server serves {m.name!r} "
-                           f"(fingerprint {m.fingerprint})", field="model")
+                           f"(fingerprint {m.fingerprint}); send model= one of {names}, or omit it",
+                           field="model")
     m = m.at_precision(precision)
     view = strict_view(state.settings.default_view if view_spec is None else view_spec, m.n_hidden_states)
     return m, view

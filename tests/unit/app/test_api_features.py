@@ -100,7 +100,14 @@ def test_concurrent_misses_share_one_job(tiny_api_factory) -> None:  # type: ign
 def test_openai_embeddings_shape(tiny_api) -> None:  # type: ignore[no-untyped-def]
     c = tiny_api.client
     r = c.post("/v1/embeddings", json={"input": "a text", "model": "whatever-the-path-is"})
-    assert r.status_code == 422 and r.json()["field"] == "model"
+    assert r.status_code == 422
+    # OpenAI's error shape on this route only: the SDK shows error.message
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", "model", "validation")
+    assert err["message"].startswith("model 'whatever-the-path-is' is not served here")
+    assert "send model= one of 'default'" in err["message"]
+    assert c.post("/v1/features", json={"texts": ["a"], "model": "nope"}).json()["type"] == "validation"
     name = c.get("/info").json()["model"]["name"]
     r = c.post("/v1/embeddings", json={"input": ["a text", "b text"], "model": name,
                                        "encoding_format": "base64"})
@@ -110,3 +117,17 @@ def test_openai_embeddings_shape(tiny_api) -> None:  # type: ignore[no-untyped-d
     feats = _rows(c.post("/v1/features", json={"texts": ["b text"]}).json())
     np.testing.assert_array_equal(vec, feats[0])
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+
+
+def test_openai_route_errors_before_the_route_runs_are_in_openai_shape(tiny_api) -> None:  # type: ignore[no-untyped-def]
+    c = tiny_api.client
+    # pydantic's validation (no input), an unknown method, a body that is not JSON
+    missing = c.post("/v1/embeddings", json={"model": "default"})
+    assert missing.status_code == 422
+    assert missing.json() == {"error": {"message": "input: Field required", "type": "invalid_request_error",
+                                        "param": "input", "code": "validation"}}
+    wrong_method = c.get("/v1/embeddings")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["message"].endswith("allowed: POST")
+    not_json = c.post("/v1/embeddings", content=b"\xff", headers={"content-type": "application/json"})
+    assert not_json.status_code == 422 and "not valid JSON" in not_json.json()["error"]["message"]
