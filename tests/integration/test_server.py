@@ -5,6 +5,7 @@ overload, datasets with progress events, cancellation, and the error table."""
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import os
 import signal
 import subprocess
@@ -55,7 +56,7 @@ def test_health_ready_info(layerbank_server: ServerProcess) -> None:
     assert "second-to-last" in info["defaults"]["description"]
     assert info["limits"]["max_texts_per_request"] == SHARED_SETTINGS["max_texts_per_request"]
     assert info["poolings"] == ["mean", "cls", "max"]
-    assert info["version"] == "0.1.0"
+    assert info["version"] == importlib.metadata.version("layerbank") == "0.2.0"
 
 
 def test_features_equal_store_and_direct_encoder_then_hit_the_cache(layerbank_server: ServerProcess) -> None:
