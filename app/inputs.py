@@ -1,4 +1,5 @@
-"""Reading texts (and labels) from the files users have: .txt, .jsonl, .csv, .tsv.
+"""Reading texts (and labels) from the files users have: .txt, .jsonl, .csv, .tsv
+(and, through layerbank.app.tables, .parquet and ``save_to_disk`` directories).
 
 - ``.txt``: one text per line.
 - ``.jsonl``: one JSON object per line; ``--text-column`` names the field.
@@ -148,12 +149,18 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
 def read_texts(path: str | Path, *, text_column: str | None = None,
                label_column: str | None = None, header: bool = True,
                fmt: str | None = None) -> TextTable:
-    """Read a file of texts; the format comes from the suffix unless given."""
+    """Read a file of texts; the format comes from the suffix unless given.
+    A ``.parquet`` file or a ``datasets`` ``save_to_disk`` directory is read by
+    column name through layerbank.app.tables (pyarrow / datasets, loaded only then)."""
     p = Path(path)
+    from layerbank.app.tables import is_table_path, read_table_path
+
+    if fmt == "parquet" or (fmt is None and (p.is_dir() or is_table_path(p))):
+        return read_table_path(p, text_column=text_column, label_column=label_column)
     fmt = fmt or p.suffix.lstrip(".").lower()
     if fmt not in FORMATS:
         raise InputError(f"{p}: cannot tell the format from {p.suffix!r}; use one of "
-                         f"{', '.join('.' + f for f in FORMATS)} or --format")
+                         f"{', '.join('.' + f for f in FORMATS)}, .parquet or --format")
     try:
         data = p.read_bytes()
     except FileNotFoundError:

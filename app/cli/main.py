@@ -4,6 +4,7 @@
     layerbank features FILE --view layer:-2 --out X.npy
     layerbank serve                                   HTTP API + its worker
     layerbank probe FILE --label-column label         which layer, which pooling?
+    layerbank --version                               layerbank 0.2.0
 
 Each subcommand lives in its own module under ``app/commands``. Importing this
 module does not import torch: commands that run the encoder import it when run.
@@ -16,6 +17,8 @@ import importlib
 import logging
 import sys
 
+from layerbank import __version__
+
 __all__ = ["main"]
 
 # module names under layerbank.app.cli, in the order `layerbank --help` lists them
@@ -24,6 +27,7 @@ COMMANDS = ["extract", "features", "serve", "worker", "probe", "regimes"]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layerbank", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"layerbank {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         try:
