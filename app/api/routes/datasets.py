@@ -21,6 +21,7 @@ and never used to build a filesystem path.
 from __future__ import annotations
 
 import io
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -56,6 +57,12 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["datasets"])
 _CHUNK_ROWS = 1024
+# a matrix up to this size is read (and checksummed) whole before its first byte
+# is sent, so damage found anywhere in it is a 409, not a cut-off download; a
+# larger one is checked this far ahead and cut short (with an ERROR log) on
+# damage found later: a client sees an incomplete body, never wrong rows
+_CHECKED_BYTES = 64 * 2**20
+log = logging.getLogger("layerbank.api")
 _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 422, 429, 503)
 _TEXT_FORMATS = ("csv", "tsv", "jsonl", "txt")
 _WORD_FORMATS = {"conll": "conll", "words_json": "json", "words_jsonl": "jsonl"}  # token tasks
@@ -296,15 +303,51 @@ async def dataset_features(dataset_id: str, view: str | None = None,
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
                                                   "shape": shape})
 
+    chunks = _matrix_rows(state, keys, v, pooling, h)
+    checked: list[bytes] = []
+
+    def check_ahead() -> None:
+        size = 0
+        for block in chunks:
+            checked.append(block)
+            size += len(block)
+            if size >= _CHECKED_BYTES:
+                return
+
+    try:
+        await run_in_threadpool(check_ahead)
+    except RowsLost as e:
+        raise Conflict(f"{e.lost} of the dataset's texts are no longer stored (a damaged shard was "
+                       "quarantined); upload the dataset again to recompute them") from None
+
     def stream() -> Iterator[bytes]:
         yield header.getvalue()
-        for i in range(0, len(keys), _CHUNK_ROWS):
-            res = state.store.read_view(keys[i: i + _CHUNK_ROWS], v, pooling, h)
-            if not res.found.all():  # quarantined mid-stream: end short, the client sees it
-                raise RuntimeError(f"dataset {dataset_id}: rows vanished while streaming")
-            yield np.ascontiguousarray(res.data, dtype="<f4").tobytes()
+        yield from checked
+        try:
+            yield from chunks
+        except RowsLost as e:  # past the checked part: end short, the client sees an incomplete body
+            log.error("dataset %s: download cut short after %d bytes: %s", dataset_id,
+                      len(header.getvalue()) + sum(map(len, checked)), e)
+            raise
 
     safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", dataset_id)
     return StreamingResponse(stream(), media_type="application/x-npy", headers={
         "Content-Disposition": f'attachment; filename="{safe_id}.npy"',
         "Content-Length": str(len(header.getvalue()) + 4 * int(np.prod(shape)))})
+
+
+class RowsLost(RuntimeError):
+    """Rows of a dataset found missing (their shard was quarantined) while reading its matrix."""
+
+    def __init__(self, lost: int) -> None:
+        super().__init__(f"{lost} rows are no longer stored (a damaged shard was quarantined)")
+        self.lost = lost
+
+
+def _matrix_rows(state: AppState, keys: list[str], view: Any, pooling: str, h: int) -> Iterator[bytes]:
+    """The matrix's float32 rows in blocks of ``_CHUNK_ROWS``; RowsLost as soon as one is not found."""
+    for i in range(0, len(keys), _CHUNK_ROWS):
+        res = state.store.read_view(keys[i: i + _CHUNK_ROWS], view, pooling, h)
+        if not res.found.all():
+            raise RowsLost(int((~res.found).sum()))
+        yield np.ascontiguousarray(res.data, dtype="<f4").tobytes()
