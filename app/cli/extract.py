@@ -9,7 +9,9 @@ import uuid
 from typing import Any
 
 from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.inputs import FORMATS, InputError, TextTable, read_texts
+from layerbank.workers.extract import ExtractSummary
 
 
 def add_input_flags(p: argparse.ArgumentParser) -> None:
@@ -48,6 +50,13 @@ def load_table(args: argparse.Namespace, label_column: str | None = None) -> Tex
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     table = load_table(args)
+    source = locate(settings)  # a model that cannot be had fails here, before torch
+    t0 = time.perf_counter()
+    with StoreFirst.open(settings, source) as sf:
+        cached = sf.all_stored(table.texts, want_tokens=args.tokens)
+        if cached is not None:  # nothing to encode: torch and the weights stay unloaded
+            _report(sf.model_name, cached, table, time.perf_counter() - t0)
+            return 0
     from layerbank.workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
     from layerbank.workers.ray_backend import RayExtractionError, RayUnavailable
 
@@ -61,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
         raise
     with ex:
-        t0 = time.perf_counter()
         try:
             summary = ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10],
                                  want_tokens=args.tokens, progress_bar=not args.no_progress,
@@ -73,14 +81,16 @@ def run(args: argparse.Namespace) -> int:
         except (RayUnavailable, RayExtractionError) as e:  # parts committed so far stay stored
             fail(str(e))
             raise
-        seconds = time.perf_counter() - t0
-    s = summary
+    _report(ex.model_name, summary, table, time.perf_counter() - t0)
+    return 0
+
+
+def _report(model_name: str, s: ExtractSummary, table: TextTable, seconds: float) -> None:
     rate = s.tokens_encoded / s.seconds if s.seconds > 0 and s.tokens_encoded else 0.0
-    print(f"model      {ex.model_name}")
+    print(f"model      {model_name}")
     print(f"texts      {s.texts} ({s.unique_texts} unique, {len(table.skipped_empty)} empty skipped)")
     print(f"cache hits {s.cache_hits}")
     print(f"encoded    {s.texts_encoded} texts, {s.tokens_encoded} tokens ({rate:,.0f} tokens/s)")
     print(f"truncated  {s.truncated}")
     print(f"written    {s.bytes_written:,} bytes in {s.shards_written} shards")
     print(f"seconds    {seconds:.2f}")
-    return 0

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
 from layerbank.app.cli.extract import add_input_flags, load_table
-from layerbank.cache.views import ViewError, parse_view
+from layerbank.app.cli.store_first import StoreFirst, locate
+from layerbank.app.feature_files import OutPathError, check_out_path, write_features
+from layerbank.cache.poolings import POOLING_NAMES
+from layerbank.cache.views import View, ViewError, parse_view
 
 
 def register(sub: Any) -> None:
@@ -20,21 +24,34 @@ def register(sub: Any) -> None:
     add_common_flags(p)
     add_flag(p, "--view", default="layer:-2", help="layer:K, layers:I,J, concat_last_4, "
              "sum_last_4, mean_all, weighted:W0,..., all_layers")
-    add_flag(p, "--pooling", default="mean", choices=["mean", "cls", "max"], help="pooling")
-    add_flag(p, "--out", required=False, help="output .npy path")
+    add_flag(p, "--pooling", default="mean", choices=POOLING_NAMES, help="pooling (one of --poolings)")
+    add_flag(p, "--out", required=False, help="output file: .npy, .parquet or .h5 "
+             "(the suffix says the format)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # every mistake in the flags is refused before the file is read or anything loads
     if not args.out:
-        fail("--out X.npy is required")
-    settings = settings_from(args)
+        fail("--out is required: X.npy, X.parquet or X.h5")
     try:
+        out = check_out_path(args.out)
         view = parse_view(args.view)
-    except ViewError as e:
+    except (OutPathError, ViewError) as e:
         fail(str(e))
         raise
+    settings = settings_from(args)
+    if args.pooling not in settings.pooling_names:
+        fail(f"--pooling {args.pooling} is not among the poolings stored ({settings.poolings}); "
+             f"add it: --poolings {settings.poolings},{args.pooling}")
     table = load_table(args)
+    source = locate(settings)
+    with StoreFirst.open(settings, source) as sf:
+        if (h := sf.n_hidden_states) is not None:
+            _check_view(view, h)
+        stored = sf.read_view(table.texts, view, args.pooling)
+        if stored is not None:  # every text stored: torch and the weights stay unloaded
+            return _write(out, stored.data, table.texts, view, args.pooling, sf.model_name)
     from layerbank.workers.local import LocalExtractor, ModelLoadError
 
     try:
@@ -49,7 +66,18 @@ def run(args: argparse.Namespace) -> int:
         except ViewError as e:
             fail(str(e))
             raise
-    np.save(args.out, x)
-    print(f"wrote {args.out}: {x.shape[0]} texts x {' x '.join(map(str, x.shape[1:]))} "
-          f"({view.spec}, {args.pooling}, float32)", file=sys.stderr)
+    return _write(out, x, table.texts, view, args.pooling, ex.model_name)
+
+
+def _check_view(view: View, n_hidden_states: int) -> None:
+    try:
+        view.needed_layers(n_hidden_states)
+    except ViewError as e:
+        fail(str(e))
+
+
+def _write(out: Path, x: np.ndarray, texts: list[str], view: View, pooling: str, model: str) -> int:
+    write_features(out, x, texts=texts, view=view.spec, pooling=pooling, model=model)
+    print(f"wrote {out}: {x.shape[0]} texts x {' x '.join(map(str, x.shape[1:]))} "
+          f"({view.spec}, {pooling}, float32)", file=sys.stderr)
     return 0
