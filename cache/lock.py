@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["DataDirLock", "DataDirBusy"]
+__all__ = ["DataDirLock", "DataDirBusy", "hold_data_dir"]
 
 
 class DataDirBusy(RuntimeError):
@@ -49,3 +49,13 @@ class DataDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def hold_data_dir(data_dir: str | os.PathLike[str]) -> DataDirLock:
+    """The directory's lock for an in-process user (the CLI, layerbank.Bank),
+    or RuntimeError naming the holder: the one message both show."""
+    lock = DataDirLock(data_dir)
+    try:
+        return lock.acquire()
+    except DataDirBusy as e:
+        raise RuntimeError(f"{e} (while a server runs, send work to its API)") from None

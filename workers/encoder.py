@@ -120,6 +120,8 @@ class Encoder:
                 "num_layers": n_layers, "n_hidden_states": n_layers + 1,
                 "hidden_size": int(model.config.hidden_size), "n_params": int(n_params),
                 "n_bias_params": int(n_bias), "max_length": cfg.max_length,
+                # with precision_modes, lets a reader make the keys of any setting without torch
+                "model_max_length": model_max,
                 "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
                 "precision_modes": precision_table(dev), "storage_dtype": storage_dtype}
         return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from layerbank.cache.lock import DataDirBusy, DataDirLock
+from layerbank.cache.lock import DataDirLock, hold_data_dir
 from layerbank.cache.store import FeatureStore
 from layerbank.cache.views import View
 
@@ -35,21 +35,23 @@ class LocalExtractor:
     def open(cls, data_dir: Any, *, model: str | None = None, device: str = "auto",
              precision: str = "default", max_length: int | None = None,
              storage_dtype: str = "float16", threads: int | None = None) -> "LocalExtractor":
-        lock = DataDirLock(data_dir)
-        try:
-            lock.acquire()
-        except DataDirBusy as e:
-            raise RuntimeError(f"{e} (while a server runs, send work to its API)") from None
+        lock = hold_data_dir(data_dir)
         try:
             set_threads(threads)
             encoder = Encoder.load(model, device=device, precision=precision, max_length=max_length,
                                    storage_dtype=storage_dtype)
-            store = FeatureStore(data_dir, clean=True)
-            store.catalog.register_model(encoder.fingerprint, encoder.name,
-                                         {**encoder.info, "config": encoder.config.canonical()})
+            return cls.attach(FeatureStore(data_dir, clean=True), encoder, lock)
         except BaseException:
             lock.release()
             raise
+
+    @classmethod
+    def attach(cls, store: FeatureStore, encoder: Encoder, lock: DataDirLock) -> "LocalExtractor":
+        """An extractor over a store whose directory ``lock`` already holds
+        (layerbank.app.bank loads the encoder only once something is missing);
+        registers the model so that readers can make its keys without torch."""
+        store.catalog.register_model(encoder.fingerprint, encoder.name,
+                                     {**encoder.info, "config": encoder.config.canonical()})
         return cls(store, encoder, lock)
 
     @property

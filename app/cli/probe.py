@@ -162,21 +162,21 @@ def _model(ex: Any) -> dict[str, Any]:
 
 def _probe_and_report(args: argparse.Namespace, states: dict[str, Any], labels: Any, views: list[str],
                       poolings: list[str], sizes: list[int], model: dict[str, Any]) -> int:
-    from layerbank.app.probes.advice import recommend
-    from layerbank.app.probes.sweep import ProbeInputError, run_probe
+    from layerbank.app.probes.sentence_probe import probe_sentences
+    from layerbank.app.probes.sweep import ProbeInputError
 
     bar = _Bar(not args.no_progress, "fit")
     try:
-        result = run_probe(states.__getitem__, labels, views=views, poolings=poolings, head=args.head,
-                           cv=args.cv, seed=args.seed, control_task=not args.no_control_task,
-                           learning_curve=not args.no_learning_curve, train_sizes=sizes,
-                           model_info=model, progress=bar)
+        result = probe_sentences(states.__getitem__, labels, views=views, poolings=poolings,
+                                 head=args.head, cv=args.cv, seed=args.seed,
+                                 control_task=not args.no_control_task,
+                                 learning_curve=not args.no_learning_curve, train_sizes=sizes,
+                                 model=model, progress=bar)
     except ProbeInputError as e:  # e.g. a view this model does not have
         bar.close()
         fail(str(e))
         raise
     bar.close()
-    result["recommendation"] = recommend(result, model)
     print(_sentence_table(result))
     if args.plot:
         from layerbank.app.probes.plots import learning_curve_png, probe_plot_png

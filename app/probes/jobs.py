@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.app.probes.advice import recommend
 from layerbank.app.probes.heads import save_head
 from layerbank.app.probes.heads_store import HeadStore
-from layerbank.app.probes.sweep import ProbeInputError, fit_head, run_probe
+from layerbank.app.probes.sentence_probe import probe_sentences
+from layerbank.app.probes.sweep import ProbeInputError, fit_head
 from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
 from layerbank.app.probes.spans import TagSchemeError, is_bio_tag
 from layerbank.app.probes.token_probe import run_token_probe
@@ -218,15 +218,10 @@ def _run_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
         ctl.stage("fitting")
         return states
 
-    result = run_probe(get_states, items.labels, views=p["views"], poolings=p["poolings"], head=p["head"],
-                       cv=p["cv"], seed=p["seed"], control_task=p["control_task"],
-                       learning_curve=p["learning_curve"], train_sizes=p["train_sizes"],
-                       model_info=model, progress=ctl.progress, threads=1)
-    try:
-        result["recommendation"] = recommend(result, model)
-    except ValueError as e:  # a model row registered before n_params was counted
-        result["recommendation"] = {"text": f"no recommendation: {e}", "numbers": None}
-    result["task"]["name"] = "sentence_classification"
+    result = probe_sentences(get_states, items.labels, views=p["views"], poolings=p["poolings"],
+                             head=p["head"], cv=p["cv"], seed=p["seed"], control_task=p["control_task"],
+                             learning_curve=p["learning_curve"], train_sizes=p["train_sizes"],
+                             model=model, progress=ctl.progress, threads=1)
     result["dataset"] = {"id": ds.id, "name": ds.name, "n_items": ds.n_items}
     result["runtime"] = _runtime()
     return result

@@ -1,0 +1,302 @@
+"""``layerbank.Bank``: the store's features and probes in a notebook, no server.
+
+A Bank holds one data directory for its lifetime, as ``layerbank features``
+does while it runs: the same format and, by default, the same directory
+(``LAYERBANK_DATA_DIR``, else ``./layerbank-data``; every other setting has
+its ``LAYERBANK_*`` twin too, read by layerbank.app.api.settings.Settings).
+It answers from the store and loads the encoder only when a text is missing:
+the model's fingerprint is a hash of its files and its resolved extraction
+config comes from the catalog's model row, so a request whose texts are all
+stored needs neither torch nor the weights.
+
+A directory held by a running ``layerbank serve`` is refused with the
+command line's message (layerbank.cache.lock.hold_data_dir); ``url=`` reads
+through that server with layerbank.Client instead (see docs/notebook.md for
+why this is not automatic).
+
+Example::
+
+    with Bank() as bank:                          # ./layerbank-data, embedded model
+        X = bank.features(texts, view="layer:-2", pooling="mean")   # [n, 384] float32
+        result = bank.probe(texts, labels)        # the dict `layerbank probe --json` writes
+        bank.stats                                # {"encoded": 300, "cached": 300}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerbank.app.api.settings import Settings
+from layerbank.cache.fingerprint import default_model_path, model_fingerprint
+from layerbank.cache.keys import ExtractionConfig, text_key
+from layerbank.cache.lock import hold_data_dir
+from layerbank.cache.shard import POOLINGS
+from layerbank.cache.store import FeatureStore, ReadResult
+from layerbank.cache.views import parse_view
+
+__all__ = ["Bank", "as_texts"]
+
+# open Banks of this process by (pid, data dir, model, url): LayerFeatures and
+# a user's own Bank share one, since a second lock on the directory would be refused
+_open: dict[tuple[Any, ...], Bank] = {}
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The model the keys are made for: fingerprint, resolved config, shape."""
+
+    fingerprint: str
+    config: ExtractionConfig
+    info: dict[str, Any]
+
+    @property
+    def n_hidden_states(self) -> int:
+        return int(self.info["n_hidden_states"])
+
+
+class Bank:
+    """Features and probes from a local data directory (or, with ``url``, a server).
+
+    ``features(texts, view, pooling)`` -> float32 ``[n, dim]`` in input order;
+    ``probe(texts, labels, ...)`` -> the result dict of ``layerbank probe``;
+    ``stats`` -> ``{"encoded": n, "cached": m}``: texts this Bank had the
+    encoder run on, and texts it read from the store (unique texts per call).
+    ``close()`` (or leaving ``with``) releases the data directory.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, model: str | None = None, *,
+                 url: str | None = None, api_key: str | None = None, device: str | None = None,
+                 precision: str | None = None, max_length: int | None = None,
+                 storage_dtype: str | None = None, threads: int | None = None) -> None:
+        given = {"data_dir": data_dir, "model": model, "device": device, "precision": precision,
+                 "max_length": max_length, "storage_dtype": storage_dtype, "threads": threads,
+                 "api_key": api_key}
+        self.settings = Settings(**{k: v for k, v in given.items() if v is not None})
+        self.url = url
+        self.stats = {"encoded": 0, "cached": 0}
+        self._client: Any = None
+        self._store: FeatureStore | None = None
+        self._extractor: Any = None  # layerbank.workers.local.LocalExtractor, once a text is missing
+        self._model: _Model | None = None
+        if url is not None:
+            from layerbank.app.client import Client
+
+            self._client = Client(url, api_key=self.settings.api_key)
+        else:
+            self._lock = _hold(self.settings.data_dir)
+            try:
+                self._store = FeatureStore(self.settings.data_dir, clean=True)
+            except BaseException:
+                self._lock.release()
+                raise
+        self._registry_key = _registry_key(self.settings.data_dir, self.settings.model, url)
+        _open.setdefault(self._registry_key, self)
+
+    @classmethod
+    def shared(cls, data_dir: str | os.PathLike[str] | None = None, model: str | None = None,
+               url: str | None = None) -> Bank:
+        """This process's open Bank for (data_dir, model, url), opened on first use."""
+        given = {k: v for k, v in (("data_dir", data_dir), ("model", model)) if v is not None}
+        settings = Settings(**given)  # so that the environment's defaults name the same directory
+        found = _open.get(_registry_key(settings.data_dir, settings.model, url))
+        return found if found is not None else cls(data_dir, model, url=url)
+
+    # -- features -------------------------------------------------------------
+    def features(self, texts: Any, view: str = "layer:-2", pooling: str = "mean") -> np.ndarray:
+        """The view's float32 matrix of ``texts`` in input order (``[n, H, d]`` for all_layers)."""
+        texts = as_texts(texts)
+        _check_pooling(pooling)
+        v = parse_view(view)  # ViewError (a ValueError) before anything runs
+        if self._client is not None:
+            x, out = self._client.features(texts, view, pooling, return_info=True)
+            cached = sum(1 for item in out["data"] if item.get("cached"))
+            self.stats["cached"] += cached
+            self.stats["encoded"] += len(texts) - cached
+            return np.asarray(x, dtype=np.float32)
+        h = self._known_model().n_hidden_states
+        v.needed_layers(h)  # a layer this model lacks fails before any encoding
+        data = self._read(texts, lambda store, keys: store.read_view(keys, v, pooling, h))
+        return np.asarray(data, dtype=np.float32)
+
+    def dimension(self, view: str, pooling: str = "mean") -> int:
+        """Width of ``features(..., view, pooling)``'s rows for this Bank's model
+        (flattened for all_layers); ValueError for a view or pooling it lacks."""
+        _check_pooling(pooling)
+        v = parse_view(view)
+        if self._client is not None:
+            info = self._client.info()["model"]
+        else:
+            info = self._known_model().info
+        return int(v.output_dim(int(info["n_hidden_states"]), int(info["hidden_size"])))
+
+    # -- probes ---------------------------------------------------------------
+    def probe(self, texts: Any, labels: Sequence[Any], *, views: Sequence[str] | None = None,
+              poolings: Sequence[str] = ("mean", "cls"), head: str = "logistic", cv: int = 5,
+              seed: int = 0, control_task: bool = True, learning_curve: bool = True,
+              train_sizes: Sequence[int] | None = None,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Cross-validated probes of every (view, pooling) on the stored states,
+        extracting missing texts first: the result ``layerbank probe --json``
+        writes (run_probe's dict with ``recommendation``). Defaults are the CLI's."""
+        from layerbank.app.probes.inputs import check_labels, check_options
+        from layerbank.app.probes.requests import DEFAULT_TRAIN_SIZES, DEFAULT_VIEWS, model_summary
+        from layerbank.app.probes.sentence_probe import probe_sentences
+
+        texts = as_texts(texts)
+        views = list(DEFAULT_VIEWS if views is None else views)
+        poolings = list(poolings)
+        check_options(cv=cv, head=head, views=views, poolings=poolings)  # before the model loads
+        check_labels(labels, cv)
+        if len(labels) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+        if self._client is not None:
+            raise NotImplementedError("Bank(url=...).probe is not available yet; use Bank(data_dir) "
+                                      "or the server's /v1/probes")
+        for p in poolings:
+            _check_pooling(p)
+        states = {p: self._read(texts, lambda store, keys, p=p: store.read_pooled(keys, p))
+                  for p in poolings}
+        m = self._known_model()
+        return probe_sentences(states.__getitem__, labels, model=model_summary(m.info, m.fingerprint),
+                               views=views, poolings=poolings, head=head, cv=cv, seed=seed,
+                               control_task=control_task, learning_curve=learning_curve,
+                               train_sizes=list(DEFAULT_TRAIN_SIZES if train_sizes is None else train_sizes),
+                               progress=progress)
+
+    # -- the store, and the encoder only for misses ---------------------------
+    def _read(self, texts: list[str], read: Callable[[FeatureStore, list[str]], ReadResult]) -> np.ndarray:
+        """``read(store, keys)`` for ``texts``, encoding the missing ones first."""
+        store = self._open_store()
+        m = self._model or self._model_from_catalog()
+        if m is not None:
+            keys = [text_key(m.fingerprint, m.config, t) for t in texts]
+            if len(store.lookup(keys)) == len(set(keys)):
+                res = read(store, keys)
+                if res.found.all():
+                    self.stats["cached"] += len(set(keys))
+                    return res.data
+        for attempt in ("", "-retry"):  # a shard quarantined under us is recomputed once
+            ex = self._encoder()
+            summary = ex.extract(texts, job_id=f"bank-{uuid.uuid4().hex[:10]}{attempt}")
+            self.stats["encoded"] += summary.texts_encoded
+            self.stats["cached"] += summary.cache_hits
+            res = read(store, summary.keys)
+            if res.found.all():
+                return res.data
+        raise RuntimeError(f"{int((~res.found).sum())} texts could not be read back from the store")
+
+    def _open_store(self) -> FeatureStore:
+        if self._store is None:
+            raise RuntimeError("this Bank is closed")
+        return self._store
+
+    def _known_model(self) -> _Model:
+        if self._model is None:
+            self._model = self._model_from_catalog()
+        if self._model is None:
+            self._encoder()
+        assert self._model is not None
+        return self._model
+
+    def _model_from_catalog(self) -> _Model | None:
+        """The keys' model without torch: the catalog's row for these weights,
+        resolved as Encoder.load would resolve this Bank's settings; None when
+        the row cannot tell (never registered, another device, an old row)."""
+        s = self.settings
+        fp = model_fingerprint(s.model or default_model_path())
+        info = self._open_store().catalog.model_info(fp)
+        if not info or "model_max_length" not in info:
+            return None
+        if s.device != "auto" and s.device.split(":")[0] != info.get("device"):
+            return None
+        resolved = (info.get("precision_modes") or {}).get(s.precision)
+        if resolved is None:  # a mode this device lacks: let the encoder say so
+            return None
+        most = int(info["model_max_length"])
+        cfg = ExtractionConfig(max_length=min(s.max_length or most, most), storage_dtype=s.storage_dtype,
+                               precision=resolved)
+        return _Model(fp, cfg, info)
+
+    def _encoder(self) -> Any:
+        if self._extractor is None:
+            from layerbank.workers.encoder import Encoder, set_threads  # torch: only now
+            from layerbank.workers.local import LocalExtractor
+
+            s = self.settings
+            set_threads(s.threads)
+            encoder = Encoder.load(s.model, **s.extraction_options())  # type: ignore[arg-type]
+            self._extractor = LocalExtractor.attach(self._open_store(), encoder, self._lock)
+            self._model = _Model(encoder.fingerprint, encoder.config,
+                                 {**encoder.info, "config": encoder.config.canonical()})
+        return self._extractor
+
+    # -- life cycle -----------------------------------------------------------
+    def close(self) -> None:
+        """Release the data directory (or the HTTP connection); idempotent."""
+        if _open.get(self._registry_key) is self:
+            del _open[self._registry_key]
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+            return
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+            self._lock.release()
+        self._extractor = None
+
+    def __enter__(self) -> Bank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.url or str(self.settings.data_dir)
+        return f"Bank({where!r}, model={self.settings.model!r}, stats={self.stats})"
+
+
+def as_texts(texts: Any) -> list[str]:
+    """A list of str from a list, tuple, 1-D array or pandas Series of texts
+    (or an ``[n, 1]`` array, as a ColumnTransformer passes one column)."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("expected a list of texts, got one string; wrap it in a list")
+    arr = np.asarray(texts, dtype=object)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"expected a 1-D list of texts, got an array of shape {arr.shape}")
+    bad = next((i for i, t in enumerate(arr) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise TypeError(f"text {bad} is {type(arr[bad]).__name__}, not str: {arr[bad]!r:.60}")
+    return [str(t) for t in arr]
+
+
+def _check_pooling(pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
+
+
+def _hold(data_dir: Path) -> Any:
+    """The directory's lock; the CLI's refusal, plus the server's URL when it wrote one."""
+    try:
+        return hold_data_dir(data_dir)
+    except RuntimeError as e:
+        try:
+            url = json.loads((Path(data_dir) / "server.json").read_text())["url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise e from None
+        raise RuntimeError(f"{e}; to read through that server: Bank(url={url!r})") from None
+
+
+def _registry_key(data_dir: Path, model: str | None, url: str | None) -> tuple[Any, ...]:
+    # the pid: a forked child must open its own handles, never reuse the parent's
+    return (os.getpid(), None if url else str(Path(data_dir).resolve()), model, url)
