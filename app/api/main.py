@@ -30,8 +30,10 @@ from fastapi import FastAPI
 from layerbank.app.api.batcher import Batcher
 from layerbank.app.api.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from layerbank.app.api.errors import install_error_handlers
+from layerbank.app.api.lab import LabPages
 from layerbank.app.api.metrics import Metrics, RequestTimer
-from layerbank.app.api.routes import datasets, embeddings, features, heads, jobs, ops, probes, regimes
+from layerbank.app.api.routes import (dataset_stats, datasets, embeddings, features, heads, jobs, ops,
+                                      probes, regimes)
 from layerbank.app.api.schemas import apply_limits
 from layerbank.app.api.settings import Settings, get_settings
 
@@ -69,12 +71,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     install_error_handlers(app)
     for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
-              probes.router, heads.router, regimes.router):
+              probes.router, heads.router, regimes.router, dataset_stats.router):
         app.include_router(r)
     _openapi_with_limits(app, settings)
     # added innermost first: the timer sees every request, 401s and 413s included
     app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    # the lab's pages hold no data: answered before the key guard, so a browser can ask for the key
+    app.add_middleware(LabPages)
     app.add_middleware(RequestTimer, metrics=metrics)
     return app
 

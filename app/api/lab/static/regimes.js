@@ -1,0 +1,58 @@
+// One regimes job: score against training size per regime with its spread,
+// trainable share and bytes per task, and the verdict.
+import { api, streamEvents } from "./api.js";
+import { h, page, section, fmt, dl, progressBar, sortableTable, main } from "./ui.js";
+import { lineChart, legend } from "./charts.js";
+
+function chart(result) {
+  const curve = result.learning_curve || [{ train_size: result.split.n_train, regimes: result.regimes }];
+  const names = Object.keys(curve[curve.length - 1].regimes);
+  const sizes = curve.map((c) => c.train_size);
+  const one = sizes.length === 1;
+  // one training size: regimes side by side; several: score against size, one line per regime
+  const series = names.map((n, i) => ({ id: n, label: n, connect: !one,
+    points: curve.filter((c) => c.regimes[n]).map((c) => ({ x: one ? i : c.train_size, y: c.regimes[n].macro_f1_mean,
+      std: c.regimes[n].macro_f1_std || 0, name: `${n}, ${c.train_size} examples`, attrs: { "data-regime": n } })) }));
+  const svg = lineChart({ title: "test macro-F1 (mean ± std over seeds)", yLabel: "test macro-F1",
+    xLabel: one ? `regime (${sizes[0]} training examples)` : "training examples", series,
+    xTicks: one ? names.map((n, i) => ({ x: i, label: n })) : sizes.map((x) => ({ x, label: String(x) })) });
+  return h("figure", { id: "regimes-chart" }, svg, legend(series),
+    h("figcaption", {}, `Whiskers and bands: ± one standard deviation over ${result.settings.seeds.length ?? result.settings.seeds} seed(s).`));
+}
+
+export async function regimesPage(id) {
+  let r = await api(`/v1/regimes/${encodeURIComponent(id)}`);
+  const prog = h("div", { id: "progress", "aria-live": "polite" }, progressBar(r));
+  const after = h("div", {});
+  const req = r.request || {};
+  page(`Regimes ${id}`, dl([["dataset", h("a", { href: `/lab/datasets/${req.dataset_id}` }, req.dataset_id || "–")],
+    ["regimes", (req.regimes || []).join(", ")], ["seeds", req.seeds], ["max epochs", req.max_epochs]]),
+  section("Progress", prog), after);
+  if (["queued", "running"].includes(r.state)) {
+    await streamEvents(`/v1/jobs/${encodeURIComponent(id)}/events`, (_n, j) => prog.replaceChildren(progressBar(j)));
+    r = await api(`/v1/regimes/${encodeURIComponent(id)}`);
+    prog.replaceChildren(progressBar(r));
+  }
+  if (r.state !== "succeeded") {
+    after.append(h("p", {}, `This regimes job ${r.state}${r.error ? `: ${r.error}` : ""}.`));
+    return;
+  }
+  const res = r.result;
+  const rows = Object.entries(res.regimes).map(([name, v]) => ({ name, ...v }));
+  after.append(
+    section("Verdict", h("p", { id: "verdict" }, `Best: `, h("strong", {}, res.best),
+      `. Within one standard deviation of it: ${(res.within_noise || []).join(", ")}. Cheapest of those: `,
+      h("strong", {}, res.cheapest_within_one_std), ` (scored on ${res.split.n_test} test texts; ${res.score}).`)),
+    section("Score", chart(res)),
+    section("Every regime", sortableTable("Regimes (click a header to sort)", [
+      { key: "name", label: "regime", value: (x) => x.name },
+      { key: "f1", label: "macro-F1", value: (x) => x.macro_f1_mean, cell: (x) => `${fmt.num(x.macro_f1_mean)} ± ${fmt.num(x.macro_f1_std)}`, numeric: true },
+      { key: "acc", label: "accuracy", value: (x) => x.accuracy_mean, cell: (x) => fmt.num(x.accuracy_mean), numeric: true },
+      { key: "share", label: "trainable share", value: (x) => x.trainable_share, cell: (x) => fmt.pct(x.trainable_share, 3), numeric: true },
+      { key: "params", label: "trainable params", value: (x) => x.trainable_params, cell: (x) => fmt.int(x.trainable_params), numeric: true },
+      { key: "bytes", label: "bytes per task", value: (x) => x.bytes_per_task, cell: (x) => fmt.bytes(x.bytes_per_task), numeric: true },
+    ], rows, { sortBy: "f1", rowAttrs: (x) => ({ "data-regime": x.name }) })),
+    section("Split", dl([["train", res.split.n_train], ["validation", res.split.n_val], ["test", res.split.n_test],
+      ["split seed", res.split.split_seed], ["classes", (res.classes || []).join(", ")]])));
+  main().setAttribute("data-ready", "true");
+}
