@@ -32,7 +32,7 @@ from layerbank.app.api.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from layerbank.app.api.errors import install_error_handlers
 from layerbank.app.api.lab import LabPages
 from layerbank.app.api.metrics import Metrics, RequestTimer
-from layerbank.app.api.routes import (dataset_stats, datasets, embeddings, features, heads, jobs, ops,
+from layerbank.app.api.routes import (dataset_stats, datasets, docs, embeddings, features, heads, jobs, ops,
                                       probes, regimes)
 from layerbank.app.api.schemas import apply_limits
 from layerbank.app.api.settings import Settings, get_settings
@@ -65,13 +65,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.batcher.close()
             state.close()
 
-    app = FastAPI(title="layerbank", version=ops.VERSION, lifespan=lifespan,
+    # /docs and /redoc come from files in the package (routes/docs.py), not FastAPI's CDN links
+    app = FastAPI(title="layerbank", version=ops.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Hidden states of every layer, computed once and served from a "
                               "cache. Errors: {\"error\", \"type\"} everywhere.")
     metrics = Metrics()
     install_error_handlers(app)
     for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
-              probes.router, heads.router, regimes.router, dataset_stats.router):
+              probes.router, heads.router, regimes.router, docs.router, dataset_stats.router):
         app.include_router(r)
     _openapi_with_limits(app, settings)
     # added innermost first: the timer sees every request, 401s and 413s included
