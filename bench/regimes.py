@@ -61,7 +61,7 @@ def main() -> None:
     import torch
 
     from layerbank.workers.regimes.run import run_regimes
-    from layerbank.workers.regimes.plot import format_regimes_table, regimes_plot_png
+    from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
 
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]

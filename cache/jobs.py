@@ -6,6 +6,12 @@ heartbeat. A job whose lease expired (its worker died) is claimed again and
 its attempt count rises: at-least-once execution. Extraction shards are named
 by (job, part), so a re-run overwrites rather than duplicates.
 
+A failed job records its message (``error``, for a person) and its type
+(``error_type``, one of ``layerbank.cache.errors.FAILURE_TYPES``), so the API
+picks its answer (507 for a full disk, 422 for input) from the type. The
+column came with the jobs table's migration 1 (cache/migrations.py); an older
+catalog gets it, filled in for its failed rows, when it is first opened.
+
 Example::
 
     q = JobQueue(catalog)
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .catalog import Catalog
+from .migrations import migrate
 
 __all__ = ["JOB_STATES", "Job", "JobQueue", "pid_alive"]
 
@@ -42,6 +49,16 @@ CREATE TABLE IF NOT EXISTS workers (
     id TEXT PRIMARY KEY, pid INTEGER NOT NULL, info TEXT NOT NULL, last_seen REAL NOT NULL);
 """
 
+# the jobs table's migrations (cache/migrations.py): append only, step i takes version i to i+1
+_MIGRATIONS = [
+    # 1: the failure type; rows failed before it get it from their message, the one time it is read
+    "ALTER TABLE jobs ADD COLUMN error_type TEXT;"
+    "UPDATE jobs SET error_type = CASE WHEN error LIKE 'ShardWriteError: %' THEN 'storage' "
+    "WHEN error LIKE 'worker died % times while running this job' THEN 'worker_died' "
+    "ELSE 'internal' END WHERE state = 'failed'",
+]
+_DIED = "'worker died ' || attempts || ' times while running this job', error_type='worker_died'"
+
 
 @dataclass
 class Job:
@@ -58,28 +75,31 @@ class Job:
     created: float
     started: float | None
     finished: float | None
+    error_type: str | None = None  # one of cache.errors.FAILURE_TYPES once failed
 
     def public(self) -> dict[str, Any]:
         """What the API shows (payloads can be large: texts stay out)."""
         return {"id": self.id, "kind": self.kind, "state": self.state,
                 "attempts": self.attempts, "progress": self.progress, "error": self.error,
+                "error_type": self.error_type,
                 "created": self.created, "started": self.started, "finished": self.finished}
 
 
 _COLS = ("id, kind, state, payload, attempts, max_attempts, progress, result, error, "
-         "cancel_requested, created, started, finished")
+         "cancel_requested, created, started, finished, error_type")
 
 
 def _job(row: Sequence[Any]) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], json.loads(row[6]),
                None if row[7] is None else json.loads(row[7]), row[8], bool(row[9]),
-               row[10], row[11], row[12])
+               row[10], row[11], row[12], row[13])
 
 
 class JobQueue:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         catalog.conn().executescript(_SCHEMA)
+        migrate(catalog, "jobs", _MIGRATIONS)
 
     def submit(self, kind: str, payload: dict[str, Any], *, priority: int = 0,
                max_attempts: int = 3, job_id: str | None = None) -> str:
@@ -113,9 +133,8 @@ class JobQueue:
             db.execute("UPDATE jobs SET state='cancelled', finished=?, lease_until=NULL "
                        "WHERE state='running' AND cancel_requested=1 AND lease_until < ?", (now, now))
             # jobs whose worker died too often fail instead of looping forever
-            db.execute("UPDATE jobs SET state='failed', finished=?, error='worker died ' || attempts || "
-                       "' times while running this job' WHERE state='running' AND lease_until < ? "
-                       "AND attempts >= max_attempts", (now, now))
+            db.execute(f"UPDATE jobs SET state='failed', finished=?, error={_DIED} WHERE state='running' "
+                       "AND lease_until < ? AND attempts >= max_attempts", (now, now))
             r = db.execute(
                 f"SELECT id FROM jobs WHERE kind IN ({marks}) AND cancel_requested = 0 AND "
                 "(state='queued' OR (state='running' AND lease_until < ?)) "
@@ -148,11 +167,13 @@ class JobQueue:
                              (json.dumps(result), time.time(), job_id, owner))
             return cur.rowcount == 1
 
-    def fail(self, job_id: str, owner: str, error: str) -> bool:
+    def fail(self, job_id: str, owner: str, error: str, error_type: str = "internal") -> bool:
+        """Record a failure: ``error`` for a person, ``error_type`` (cache.errors.FAILURE_TYPES)
+        for the API's status code."""
         with self.catalog.tx() as db:
-            cur = db.execute("UPDATE jobs SET state='failed', error=?, finished=?, lease_until=NULL "
-                             "WHERE id=? AND owner=? AND state='running'",
-                             (error[:4000], time.time(), job_id, owner))
+            cur = db.execute("UPDATE jobs SET state='failed', error=?, error_type=?, finished=?, "
+                             "lease_until=NULL WHERE id=? AND owner=? AND state='running'",
+                             (error[:4000], error_type, time.time(), job_id, owner))
             return cur.rowcount == 1
 
     def mark_cancelled(self, job_id: str) -> None:
@@ -195,9 +216,8 @@ class JobQueue:
                        "AND owner=? AND state='running' AND cancel_requested=1",
                        (time.time(), job_id, owner))
             if died:
-                db.execute("UPDATE jobs SET state='failed', finished=?, lease_until=NULL, error="
-                           "'worker died ' || attempts || ' times while running this job' WHERE id=? "
-                           "AND owner=? AND state='running' AND attempts >= max_attempts",
+                db.execute(f"UPDATE jobs SET state='failed', finished=?, lease_until=NULL, error={_DIED} "
+                           "WHERE id=? AND owner=? AND state='running' AND attempts >= max_attempts",
                            (time.time(), job_id, owner))
             cur = db.execute("UPDATE jobs SET state='queued', owner=NULL, lease_until=NULL, "
                              "attempts=attempts - ? WHERE id=? AND owner=? AND state='running'",

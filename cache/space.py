@@ -39,6 +39,8 @@ class ShardWriteError(OSError):
     the job again.
     """
 
+    failure_type = "storage"  # cache/errors.py: a job that raised it answers 507, not 500
+
     def __init__(self, code: int, message: str) -> None:
         super().__init__(code, message)
         self.message = message

@@ -27,14 +27,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InputError
+
 __all__ = ["View", "ViewError", "parse_view", "NAMED_VIEWS", "MAX_VIEW_LAYERS"]
 
 NAMED_VIEWS = ("concat_last_4", "sum_last_4", "mean_all", "all_layers")
 MAX_VIEW_LAYERS = 256  # entries in layers:I,J,... (repeats allowed)
 
 
-class ViewError(ValueError):
-    """A view that cannot be parsed or that names a layer the model lacks."""
+class ViewError(InputError):
+    """A view that cannot be parsed or that names a layer the model lacks (field ``view``)."""
+
+    default_field = "view"
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,16 @@
-"""Job kinds the worker runs: a registry from kind name to handler.
+"""Job kinds the worker runs: a registry from kind name to handler, and what a handler sees.
 
-A handler takes a ``layerbank.workers.worker.JobContext`` and returns a JSON-serialisable
+A handler takes a ``JobContext`` (below) and returns a JSON-serialisable
 result (stored as the job's ``result``). It raises ``JobError`` for a job that
 cannot run as submitted (the message becomes the job's error text, shown to
 users), and checks ``ctx.should_continue()`` between units of work (batches,
 epochs): when it turns False the handler should raise (any exception, e.g.
-``layerbank.workers.extract.Stopped``); the worker then records cancelled or hands the
-job back, whichever applies.
+``layerbank.workers.extract.Stopped``); the runner (``layerbank.cache.runner``)
+then records cancelled or hands the job back, whichever applies.
+
+``JobContext`` lives here, not in worker.py, so that the worker imports this
+registry and nothing here imports the worker (no import cycle): it knows its
+worker only through the ``JobHost`` protocol.
 
 Built-in kinds:
 
@@ -33,21 +37,31 @@ worker process).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from layerbank.cache.jobs import Job, JobQueue
+from layerbank.cache.runner import JobError, Lease
 
 from .batching import default_max_tokens
 from .extract import ExtractSummary, extract
 
 if TYPE_CHECKING:
-    from .worker import JobContext
+    from layerbank.cache.datasets import DatasetStore
+    from layerbank.cache.store import FeatureStore
+
+    from .backends import ExtractionBackend
+    from .encoder import Encoder
 
 __all__ = [
     "ENCODE_PRIORITY",
     "JOB_KINDS",
     "KIND_MODULES",
     "URGENT_KINDS",
+    "JobContext",
     "JobError",
+    "JobHost",
     "register_kind",
     "run_encode",
     "run_extract",
@@ -62,8 +76,51 @@ JOB_KINDS: dict[str, Handler] = {}
 KIND_MODULES: list[str] = ["layerbank.workers.regimes.job_kind"]  # modules that call register_kind when imported
 
 
-class JobError(RuntimeError):
-    """A job that cannot run as submitted; its message becomes the job's error text."""
+class JobHost(Protocol):
+    """What a handler may reach of the worker running it (``layerbank.workers.worker.Worker``)."""
+
+    store: FeatureStore
+    encoder: Encoder
+    datasets: DatasetStore
+    backend: ExtractionBackend
+    queue: JobQueue
+    id: str
+    stopping: threading.Event
+    options: Any  # WorkerOptions
+
+    def encoder_at(self, precision: str | None) -> Encoder: ...
+
+    def serve_urgent(self) -> None: ...
+
+
+class JobContext:
+    """What a handler sees: its job, the store, the encoder, and its controls."""
+
+    def __init__(self, worker: JobHost, job: Job, lease: Lease) -> None:
+        self.worker = worker
+        self.job = job
+        self.lease = lease
+        self.store = worker.store
+        self.encoder = worker.encoder
+        self.datasets = worker.datasets
+        self.options = worker.options
+        self.stopped = lease.stopped  # cancelled, or the lease was lost
+
+    @property
+    def last_progress(self) -> dict[str, Any] | None:
+        return self.lease.doc
+
+    def progress(self, p: Any) -> None:
+        """Record progress (a dict, or anything with ``as_dict()``)."""
+        self.lease.report(p.as_dict() if hasattr(p, "as_dict") else dict(p))
+
+    def write_progress(self) -> None:
+        self.lease.write()
+
+    def should_continue(self) -> bool:
+        if self.job.kind not in URGENT_KINDS:
+            self.worker.serve_urgent()
+        return not (self.stopped.is_set() or self.worker.stopping.is_set())
 
 
 def register_kind(name: str) -> Callable[[Handler], Handler]:

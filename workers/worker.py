@@ -13,8 +13,11 @@ Contract
   worker) makes ``JobContext.should_continue()`` False; the handler stops at
   its next batch and the job is marked cancelled (or left to its new owner).
 - Outcome: ``finish`` with the handler's JSON result, ``fail`` with
-  ``"<ExceptionType>: <message>"``, or, on a clean shutdown, ``release`` (the
-  job goes back to the queue without counting an attempt).
+  ``"<ExceptionType>: <message>"`` and its failure type, or, on a clean
+  shutdown, ``release`` (the job goes back to the queue without counting an
+  attempt). Claiming, the lease's heartbeat and the outcome are the one job
+  runner's (``layerbank.cache.runner``), which the probe pool uses too; this
+  module adds the encoder, urgent work and compaction.
 - At start, running jobs owned by a dead worker process on this host are
   released at once (a crash or a restart of ``layerbank serve`` does not wait
   for the lease to expire). Liveness is recorded with ``worker_seen`` every
@@ -52,13 +55,14 @@ from typing import Any
 
 from layerbank.cache.compact import compact
 from layerbank.cache.datasets import DatasetStore
-from layerbank.cache.jobs import Job, JobQueue, pid_alive
+from layerbank.cache.jobs import Job, JobQueue
+from layerbank.cache.runner import Claimer, Lease, release_orphans, run_claimed
 from layerbank.cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
 from .encoder import Encoder
-from .extract import Stopped
-from .jobs_registry import ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobError, register_kind
+from .jobs_registry import (ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobContext, JobError,
+                            register_kind)
 
 __all__ = [
     "ENCODE_PRIORITY",
@@ -89,41 +93,6 @@ class WorkerOptions:
     compact_after_idle_s: float = 2.0  # merge small shards once the queue has been quiet this long
     compact_min_shards: int = 32  # ... and at least this many small shards exist
     compact_max_rows: int = 256
-
-
-class JobContext:
-    """What a handler sees: its job, the store, the encoder, and its controls."""
-
-    def __init__(self, worker: Worker, job: Job) -> None:
-        self.worker = worker
-        self.job = job
-        self.store = worker.store
-        self.encoder = worker.encoder
-        self.datasets = worker.datasets
-        self.options = worker.options
-        self.stopped = threading.Event()  # cancelled, or the lease was lost
-        self.last_progress: dict[str, Any] | None = None
-        self._written = time.monotonic()
-
-    def progress(self, p: Any) -> None:
-        """Record progress (a dict, or anything with ``as_dict()``)."""
-        d = p.as_dict() if hasattr(p, "as_dict") else dict(p)
-        now = time.monotonic()
-        first = self.last_progress is None
-        self.last_progress = d
-        if first or now - self._written >= self.options.progress_interval_s:
-            self._written = now
-            self.write_progress()
-
-    def write_progress(self) -> None:
-        w = self.worker
-        if not w.queue.heartbeat(self.job.id, w.id, self.options.lease_seconds, self.last_progress):
-            self.stopped.set()
-
-    def should_continue(self) -> bool:
-        if self.job.kind not in URGENT_KINDS:
-            self.worker.serve_urgent()
-        return not (self.stopped.is_set() or self.worker.stopping.is_set())
 
 
 class Worker:
@@ -175,19 +144,15 @@ class Worker:
         self.seen()
         alive = threading.Thread(target=self._liveness, name="worker-liveness", daemon=True)
         alive.start()
-        last_claim = 0.0
+        claimer = Claimer(self.queue, self.id, self.kinds, self.options.lease_seconds)
         last_work = last_compact = time.monotonic()
         while not self.stopping.is_set():
+            job = claimer.next()
+            if job is not None:
+                self.run_job(job)
+                last_work = time.monotonic()
+                continue
             now = time.monotonic()
-            # the cheap read first; a claim (a write transaction) only when there is work,
-            # or once a second to pick up jobs whose lease expired
-            if now - last_claim > 1.0 or self.queue.queued(self.kinds):
-                last_claim = now
-                job = self.queue.claim(self.id, self.kinds, self.options.lease_seconds)
-                if job is not None:
-                    self.run_job(job)
-                    last_work = time.monotonic()
-                    continue
             if now - last_work > self.options.compact_after_idle_s and now - last_compact > 30.0:
                 last_compact = now
                 self.compact_if_needed()
@@ -230,75 +195,28 @@ class Worker:
 
     def release_orphans(self) -> int:
         """Requeue running jobs whose worker process on this host is dead."""
-        n = 0
-        for job_id, owner in self.queue.running_owners().items():
-            host, _, rest = (owner or "").partition(":")
-            pid_s = rest.partition(":")[0]
-            if host != self.host or not pid_s.isdigit() or pid_alive(int(pid_s)):
-                continue
-            if self.queue.release(job_id, owner, died=True):
-                log.warning("job %s: its worker %s died; requeued", job_id, owner)
-                n += 1
-        return n
+        return release_orphans(self.queue)
 
     # -- running one job ----------------------------------------------------
     def run_job(self, job: Job) -> None:
-        ctx = JobContext(self, job)
+        """Run one claimed job with its kind's handler; the runner records the outcome."""
+        o = self.options
+        lease = Lease(self.queue, job, self.id, lease_s=o.lease_seconds, heartbeat_s=o.heartbeat_seconds,
+                      progress_interval_s=o.progress_interval_s)
+        ctx = JobContext(self, job, lease)
         handler = JOB_KINDS.get(job.kind)
-        beat_stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(ctx, beat_stop), daemon=True)
-        outer, self.current = self.current, job.id
-        beat.start()
-        t0 = time.perf_counter()
-        try:
+
+        def run() -> Any:
             if handler is None:
                 raise JobError(f"this worker cannot run jobs of kind {job.kind!r}; "
                                f"it runs {sorted(JOB_KINDS)}")
-            result = handler(ctx)
-        except BaseException as e:
-            beat_stop.set()
-            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: shutting down
-                self.stopping.set()
-            self._stopped_or_failed(ctx, e)
-            if not isinstance(e, Exception):
-                raise
-        else:
-            beat_stop.set()
-            if ctx.last_progress is not None:
-                ctx.write_progress()
-            if not self.queue.finish(job.id, self.id, result):
-                log.warning("job %s finished but was no longer ours (cancelled or re-leased)", job.id)
-            log.info("job %s (%s) succeeded in %.2fs", job.id, job.kind, time.perf_counter() - t0)
+            return handler(ctx)
+
+        outer, self.current = self.current, job.id
+        try:
+            run_claimed(self.queue, job, self.id, run, lease, stopping=self.stopping)
         finally:
             self.current = outer
-            beat.join()
-
-    def _stopped_or_failed(self, ctx: JobContext, e: BaseException) -> None:
-        job = ctx.job
-        stopped = isinstance(e, Stopped) or ctx.stopped.is_set() or self.stopping.is_set()
-        if not stopped:
-            msg = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
-            log.error("job %s (%s) failed: %s", job.id, job.kind, msg, exc_info=not isinstance(e, JobError))
-            self.queue.fail(job.id, self.id, msg)
-            return
-        now = self.queue.get(job.id)
-        if now is not None and now.cancel_requested:
-            self.queue.mark_cancelled(job.id)
-            log.info("job %s cancelled", job.id)
-        elif self.stopping.is_set() and not ctx.stopped.is_set():
-            self.queue.release(job.id, self.id, died=False)
-            log.info("job %s handed back to the queue (worker stopping)", job.id)
-        else:
-            log.warning("job %s: lease lost to another worker; stopped", job.id)
-
-    def _heartbeat(self, ctx: JobContext, done: threading.Event) -> None:
-        while not done.wait(self.options.heartbeat_seconds):
-            try:
-                if not self.queue.heartbeat(ctx.job.id, self.id, self.options.lease_seconds):
-                    ctx.stopped.set()
-                    return
-            except Exception:
-                log.exception("heartbeat of job %s failed", ctx.job.id)
 
     def serve_urgent(self) -> None:
         """Run waiting encode jobs now (called between batches of long jobs)."""

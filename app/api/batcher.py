@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerbank.app.api.errors import ApiError, ExtractionFailed, InsufficientStorage, Overloaded, Timeout
+from layerbank.app.api.errors import ApiError, Overloaded, Timeout, job_failure
 from layerbank.cache.jobs import JobQueue
 
 __all__ = ["ENCODE_PRIORITY", "BatchStats", "Batcher", "failure"]
@@ -43,16 +43,11 @@ ENCODE_PRIORITY = 100  # layerbank.workers.jobs_registry.ENCODE_PRIORITY (app/ d
 log = logging.getLogger("layerbank.api")
 
 
-def failure(error: str) -> ApiError:
-    """The HTTP error for a failed encode job's message.
-
-    A full disk is the operator's to fix and the request may be sent again
-    unchanged, so it is a 507, not a 500 (the worker's ``ShardWriteError``
-    message names the shard, the bytes needed and what to do).
-    """
-    if error.startswith("ShardWriteError: "):
-        return InsufficientStorage(f"extraction failed: {error.removeprefix('ShardWriteError: ')}")
-    return ExtractionFailed(f"extraction failed: {error}")
+def failure(error: str, error_type: str | None = None) -> ApiError:
+    """The HTTP error for a failed encode job: from its stored ``error_type``
+    (``errors.job_failure``: 507 for a full disk, whose message names the shard,
+    the bytes needed and what to do), never from the message's words."""
+    return job_failure(error, error_type)
 
 
 @dataclass
@@ -176,9 +171,9 @@ class Batcher:
                                                   "precision": waiters[0].precision,
                                                   "want_tokens": want_tokens},
                                        priority=ENCODE_PRIORITY)
-            error = await self._wait(job_id)
+            error, error_type = await self._wait(job_id)
         except Exception as e:  # the catalog itself failed: every waiter hears it
-            error = f"{type(e).__name__}: {e}"
+            error, error_type = f"{type(e).__name__}: {e}", None
         if error is None and self.on_done is not None:
             try:  # e.g. read the whole batch's rows at once, rather than once per request
                 await self.on_done([w.hint for w in waiters])
@@ -190,21 +185,22 @@ class Batcher:
             if error is None:
                 w.future.set_result(None)
             else:
-                w.future.set_exception(failure(error))
+                w.future.set_exception(failure(error, error_type))
 
-    async def _wait(self, job_id: str) -> str | None:
+    async def _wait(self, job_id: str) -> tuple[str | None, str | None]:
+        """(None, None) once the job succeeded, else its (error, error_type)."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             job = self.queue.get(job_id)
             if job is None:
-                return f"job {job_id} disappeared"
+                return f"job {job_id} disappeared", None
             if job.state == "succeeded":
-                return None
+                return None, None
             if job.state in ("failed", "cancelled"):
-                return job.error or f"job {job_id} was {job.state}"
+                return job.error or f"job {job_id} was {job.state}", job.error_type
             await asyncio.sleep(self.poll_s)
         self.queue.cancel(job_id)
-        return f"job {job_id} did not finish within {self.timeout_s:.0f} s"
+        return f"job {job_id} did not finish within {self.timeout_s:.0f} s", None
 
     async def close(self) -> None:
         for t in list(self._tasks):

@@ -26,8 +26,14 @@ Foreign errors are translated here, at the boundary, by handlers registered
 on their base classes: FastAPI's ``RequestValidationError`` (including
 malformed JSON) -> 422; Starlette's ``HTTPException`` (unknown route 404,
 405 with its ``Allow`` header, ...) -> the same shape with the type from
-``STATUS_TYPES``; ``layerbank.cache.views.ViewError`` -> 422 on the ``view`` field;
-anything else -> 500 ``internal`` (logged with its traceback, never shown).
+``STATUS_TYPES``; ``layerbank.cache.errors.InputError`` (every domain input
+error: ``ViewError``, ``ProbeInputError``, ``WordSetError``, ...) -> 422 on the
+field it names, so domain code raises where it finds the problem and routes do
+not re-raise; anything else -> 500 ``internal`` (logged with its traceback,
+never shown).
+
+A failed job's answer comes from its stored failure type, never its message:
+``job_failure(error, error_type)`` ("storage" -> 507, "input" -> 422, else 500).
 
 The one exception to the shape is ``/v1/embeddings``, which answers as
 OpenAI does, ``{"error": {"message", "type", "param", "code"}}``, because
@@ -51,7 +57,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from layerbank.cache.views import ViewError
+from layerbank.cache.errors import InputError
 
 __all__ = [
     "STATUS_TYPES",
@@ -71,6 +77,7 @@ __all__ = [
     "body_for",
     "error_body",
     "install_error_handlers",
+    "job_failure",
 ]
 
 log = logging.getLogger("layerbank.api")
@@ -150,6 +157,25 @@ class InsufficientStorage(ApiError):
     status, type = 507, "insufficient_storage"
 
 
+# a failed job's error_type (layerbank.cache.errors.FAILURE_TYPES) -> the answer; others: 500
+_FAILURE_ERRORS: dict[str, type[ApiError]] = {"storage": InsufficientStorage, "input": InvalidInput}
+
+
+def job_failure(error: str, error_type: str | None, *, what: str = "extraction failed",
+                fallback: type[ApiError] = ExtractionFailed) -> ApiError:
+    """The HTTP error for a job that failed with ``error`` (its text) of ``error_type``.
+
+    A full disk is the operator's to fix and the request may be sent again
+    unchanged, so it is a 507; input the job could not use is a 422.
+    """
+    cls = _FAILURE_ERRORS.get(error_type or "", fallback)
+    if cls is not fallback:
+        # the class name the runner put in front says nothing the status does not
+        head, sep, rest = error.partition(": ")
+        error = rest if sep and head.isidentifier() else error
+    return cls(f"{what}: {error}")
+
+
 def error_body(message: str, type_: str, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"error": message, "type": type_}
     body.update({k: v for k, v in extra.items() if v is not None})
@@ -221,8 +247,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return _respond(request, 422, message, "validation", field=field)
 
 
-async def _view_error(request: Request, exc: Exception) -> JSONResponse:
-    return _respond(request, 422, str(exc), "validation", field="view")
+async def _input_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InputError)
+    return _respond(request, 422, str(exc), "validation", field=exc.field)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -280,6 +307,6 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register every handler once, on base classes."""
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(ViewError, _view_error)
+    app.add_exception_handler(InputError, _input_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)

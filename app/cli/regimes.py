@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         fail(f"{args.file}: some texts have no label in column {args.label_column!r}")
     from layerbank.app.cli.probe import _Bar, _open  # imports torch only when run
     from layerbank.workers.regimes.run import run_regimes
-    from layerbank.workers.regimes.plot import format_regimes_table, regimes_plot_png
+    from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
     from layerbank.workers.regimes.resources import Cancelled
 
     run_id = "cli-" + uuid.uuid4().hex[:10]

@@ -49,7 +49,9 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from layerbank.app.probes.head_files import read_head, write_head
-from layerbank.app.probes.logistic import fit_logistic_cv
+from layerbank.app.probes.logistic import fit_logistic_cv, softmax_decision
+from layerbank.app.probes.scalar_mix import ScalarMixHead  # it imports logistic, not this module
+from layerbank.cache.errors import InputError
 
 __all__ = [
     "HEAD_NAMES",
@@ -69,23 +71,8 @@ __all__ = [
 HEAD_NAMES = ("logistic", "ridge", "linear_svm", "mlp", "knn", "scalar_mix")
 
 
-class ProbeInputError(ValueError):
+class ProbeInputError(InputError):
     """Input a probe cannot run on (labels, views, head name); the message says why."""
-
-
-def softmax_decision(decision: np.ndarray) -> np.ndarray:
-    """Class probabilities from decision scores [n, 1] (binary) or [n, K].
-
-    A single column ``z`` is read as the score of the second class against
-    the first, so the result is ``[1 - sigmoid(z), sigmoid(z)]``, which is
-    exactly logistic regression's binary ``predict_proba``.
-    """
-    z = np.asarray(decision, dtype=np.float64)
-    if z.shape[1] == 1:
-        z = np.hstack([np.zeros_like(z), z])
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
 
 
 class Head(ClassifierMixin, BaseEstimator):
@@ -296,7 +283,6 @@ _HEAD_CLASSES: dict[str, type] = {c.name: c for c in (LogisticHead, RidgeHead, L
 
 def _head_class(name: str) -> type:
     if name == "scalar_mix":
-        from layerbank.app.probes.scalar_mix import ScalarMixHead  # scalar_mix imports this module
         return ScalarMixHead
     if name not in _HEAD_CLASSES:
         raise ProbeInputError(f"unknown head {name!r}; choose one of {', '.join(HEAD_NAMES)}")

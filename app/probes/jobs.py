@@ -18,11 +18,14 @@ Kinds and payloads (made by app/api/routes/probes.py and app/api/routes/heads.py
     head   {"head_id", "dataset_id", "head", "view", "pooling", "seed"}
            -> {"head_id", "n_bytes", "classes", ...}; files under heads/<head_id>/
 
-A heartbeat thread renews the job's lease every ``heartbeat_s`` and writes
-the latest progress ({done, total, stage, eta_seconds}); a renewal refused
-(cancelled, or the lease went elsewhere) stops the job at its next progress
-tick. If the server that started this process dies, the process exits: the
-job is handed to the next server by its lease (cache/jobs.py).
+The lease, its heartbeat and the outcome are the one job runner's
+(``layerbank.cache.runner``, shared with the extraction worker): a heartbeat
+thread renews the job's lease every ``heartbeat_s`` and writes the latest
+progress ({done, total, stage, eta_seconds}); a renewal refused (cancelled,
+or the lease went elsewhere) stops the job at its next progress tick. If the
+server that started this process dies, the process exits: the job is handed
+to the next server by its lease (cache/jobs.py). Kinds are the ``RUNNERS``
+map below.
 
 Example (what the pool calls)::
 
@@ -33,9 +36,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,26 +47,23 @@ from layerbank.app.probes.heads_store import HeadStore
 from layerbank.app.probes.sentence_probe import probe_sentences
 from layerbank.app.probes.sweep import ProbeInputError, fit_head
 from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
-from layerbank.app.probes.spans import TagSchemeError, is_bio_tag
+from layerbank.app.probes.spans import is_bio_tag
 from layerbank.app.probes.token_probe import run_token_probe
 from layerbank.app.probes.word_features import word_states
-from layerbank.app.probes.wordsets import TaggedSentence, WordSetError
+from layerbank.app.probes.wordsets import TaggedSentence
 from layerbank.cache.datasets import Dataset, DatasetItems, DatasetStore
 from layerbank.cache.jobs import Job, JobQueue
 from layerbank.cache.keys import text_key
+from layerbank.cache.runner import SHOWN_AS_IS, Lease, Stopped, run_claimed
 from layerbank.cache.store import FeatureStore
-from layerbank.cache.views import ViewError
 
-__all__ = ["Stopped", "dataset_keys", "run_job", "tagged_sentences"]
+__all__ = ["RUNNERS", "Stopped", "dataset_keys", "run_job", "tagged_sentences"]
 
 log = logging.getLogger("layerbank.probes")
 _PROGRESS_WRITE_S = 0.5
-# errors whose message is for the user as it is (LookupError: deleted meanwhile, not extracted)
-_USER_ERRORS = (JobInputError, ProbeInputError, TagSchemeError, ViewError, WordSetError, LookupError)
-
-
-class Stopped(Exception):
-    """The job was cancelled or lost its lease."""
+# errors whose message is for the user as it is: every InputError (ProbeInputError, ViewError,
+# WordSetError, TagSchemeError, JobInputError) and LookupError (deleted meanwhile, not extracted)
+_USER_ERRORS = (*SHOWN_AS_IS, LookupError)
 
 
 def dataset_keys(ds: Dataset, texts: Sequence[str]) -> list[str]:
@@ -77,61 +76,38 @@ def tagged_sentences(items: DatasetItems) -> list[TaggedSentence]:
     return [TaggedSentence(tuple(w), tuple(t)) for w, t in zip(items.words, items.tags)]
 
 
-# -- the job's lease, progress and cancellation -----------------------------------
+# -- the job's progress and cancellation, on the runner's lease ------------------------
 class _Control:
-    def __init__(self, queue: JobQueue, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
-                 parent_pid: int | None) -> None:
-        self.queue, self.job_id, self.owner, self.lease_s = queue, job_id, owner, lease_s
-        self.parent_pid = parent_pid
+    """Stages and done/total progress (with an ETA) for a probe job's lease."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
         self.doc: dict[str, Any] = {"done": 0, "total": None, "stage": "starting"}
-        self.stopped = threading.Event()
-        self._over = threading.Event()
-        self._lock = threading.Lock()
         self._started = time.monotonic()
-        self._written = 0.0
-        self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), daemon=True)
-        self._beat.start()
-
-    def _heartbeat(self, every: float) -> None:
-        while not self._over.wait(every):
-            if self.parent_pid is not None and os.getpid() != self.parent_pid \
-                    and os.getppid() != self.parent_pid:
-                log.warning("job %s: the server that started it is gone; exiting", self.job_id)
-                os._exit(3)  # the job's lease expires and the next server runs it again
-            try:
-                self.write()
-            except Exception:  # a busy catalog: the next beat tries again
-                log.exception("heartbeat of job %s failed", self.job_id)
-
-    def write(self) -> None:
-        with self._lock:
-            doc = dict(self.doc)
-            self._written = time.monotonic()
-        if not self.queue.heartbeat(self.job_id, self.owner, self.lease_s, doc):
-            self.stopped.set()
+        lease.doc = dict(self.doc)  # every heartbeat writes it from the start
 
     def stage(self, text: str) -> None:
-        with self._lock:
-            self.doc["stage"] = text
+        self.doc["stage"] = text
+        self.lease.doc = dict(self.doc)
         self.check()
 
     def progress(self, done: int, total: int) -> None:
         elapsed = time.monotonic() - self._started
-        with self._lock:
-            self.doc.update(done=int(done), total=int(total), elapsed_seconds=round(elapsed, 2),
-                            eta_seconds=round(elapsed / done * (total - done), 2) if done else None)
-            due = time.monotonic() - self._written >= _PROGRESS_WRITE_S
-        if due or done == total:
-            self.write()
+        self.doc.update(done=int(done), total=int(total), elapsed_seconds=round(elapsed, 2),
+                        eta_seconds=round(elapsed / done * (total - done), 2) if done else None)
+        self.lease.report(dict(self.doc), force=done == total)
         self.check()
 
     def check(self) -> None:
-        if self.stopped.is_set():
-            raise Stopped()
+        self.lease.check()
 
-    def close(self) -> None:
-        self._over.set()
-        self._beat.join()
+
+def _exit_without_parent(job_id: str, parent_pid: int | None) -> Callable[[], None]:
+    def on_beat() -> None:
+        if parent_pid is not None and os.getpid() != parent_pid and os.getppid() != parent_pid:
+            log.warning("job %s: the server that started it is gone; exiting", job_id)
+            os._exit(3)  # the job's lease expires and the next server runs it again
+    return on_beat
 
 
 # -- the entry point ------------------------------------------------------------------
@@ -140,38 +116,22 @@ def run_job(data_dir: str, job_id: str, owner: str, lease_s: float = 30.0, heart
     """Run one claimed job to its end and record the outcome; returns the final state."""
     store = FeatureStore(data_dir)
     queue = JobQueue(store.catalog)
-    ctl: _Control | None = None
     try:
         job = queue.get(job_id)
         if job is None or job.state != "running":
             return "gone"
-        ctl = _Control(queue, job_id, owner, lease_s, heartbeat_s, parent_pid)
-        runner = {"probe": _run_probe, "head": _run_head}.get(job.kind)
-        if runner is None:
-            raise JobInputError(f"no probe runner for jobs of kind {job.kind!r}")
-        result = runner(job, store, ctl)
-        ctl.close()
-        if (queue.get(job_id) or job).cancel_requested:
-            queue.mark_cancelled(job_id)
-            return "cancelled"
-        ctl.write()  # the last progress, done == total
-        queue.finish(job_id, owner, result)
-        return "succeeded"
-    except Stopped:
-        now = queue.get(job_id)
-        if now is not None and now.cancel_requested:
-            queue.mark_cancelled(job_id)
-            return "cancelled"
-        return "lost"  # the lease went to another runner
-    except Exception as e:  # every outcome is recorded on the job
-        known = isinstance(e, _USER_ERRORS)
-        if not known:
-            log.exception("job %s failed", job_id)
-        queue.fail(job_id, owner, str(e) if known else f"{type(e).__name__}: {e}")
-        return "failed"
+        lease = Lease(queue, job, owner, lease_s=lease_s, heartbeat_s=heartbeat_s,
+                      progress_interval_s=_PROGRESS_WRITE_S, on_beat=_exit_without_parent(job_id, parent_pid))
+        ctl = _Control(lease)
+        runner = RUNNERS.get(job.kind)
+
+        def run() -> dict[str, Any]:
+            if runner is None:
+                raise JobInputError(f"no probe runner for jobs of kind {job.kind!r}")
+            return runner(job, store, ctl)
+
+        return run_claimed(queue, job, owner, run, lease, shown=_USER_ERRORS)
     finally:
-        if ctl is not None:
-            ctl.close()
         store.close()
 
 
@@ -311,3 +271,8 @@ def _input_shape(view: str, states: np.ndarray) -> list[int]:
     from layerbank.cache.views import parse_view
 
     return [parse_view(view).output_dim(states.shape[1], states.shape[2])]
+
+
+# kind -> what runs it (the pool in layerbank.app.probes.service claims jobs of these kinds)
+RUNNERS: dict[str, Callable[[Job, FeatureStore, _Control], dict[str, Any]]] = {
+    "probe": _run_probe, "head": _run_head}

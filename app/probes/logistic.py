@@ -27,7 +27,7 @@ from scipy.special import expit, log_expit
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 
-__all__ = ["fit_logistic", "fit_logistic_cv"]
+__all__ = ["fit_logistic", "fit_logistic_cv", "softmax_decision"]
 
 # Inner-CV fits only rank the Cs by held-out loss, which settles long before
 # the weights do: a 10x looser gtol there cut a third of the work on real
@@ -162,3 +162,18 @@ def fit_logistic_cv(Z: np.ndarray, y: np.ndarray, n_classes: int, Cs: tuple[floa
             best_C, best_loss, start = C, loss, np.mean(fold_params, axis=0)
     params, n_iter = fit_logistic(Z, y, n_classes, best_C, start=start, max_iter=max_iter, tol=tol)
     return best_C, params, n_iter
+
+
+def softmax_decision(decision: np.ndarray) -> np.ndarray:
+    """Class probabilities from decision scores [n, 1] (binary) or [n, K].
+
+    A single column ``z`` is read as the score of the second class against
+    the first, so the result is ``[1 - sigmoid(z), sigmoid(z)]``, which is
+    exactly logistic regression's binary ``predict_proba``.
+    """
+    z = np.asarray(decision, dtype=np.float64)
+    if z.shape[1] == 1:
+        z = np.hstack([np.zeros_like(z), z])
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)

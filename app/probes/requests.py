@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
 from layerbank.app.api.schemas import Pooling
 from layerbank.cache.datasets import Dataset
+from layerbank.cache.errors import InputError
 
 if TYPE_CHECKING:
     from layerbank.app.api.deps import AppState
@@ -38,7 +39,7 @@ _SENTENCE_ONLY = ("poolings", "head", "cv", "learning_curve", "train_sizes")
 _TOKEN_ONLY = ("train", "valid", "valid_fraction", "word_mode", "span_f1")
 
 
-class JobInputError(ValueError):
+class JobInputError(InputError):
     """Input a probe job cannot run on: the job's error text (and a 422 when found up front)."""
 
 

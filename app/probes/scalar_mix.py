@@ -56,8 +56,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from layerbank.app.probes.heads import softmax_decision
-from layerbank.app.probes.logistic import fit_logistic, fit_logistic_cv
+from layerbank.app.probes.logistic import fit_logistic, fit_logistic_cv, softmax_decision
 
 __all__ = ["ScalarMixHead", "weighted_view_spec"]
 

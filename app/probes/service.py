@@ -15,7 +15,9 @@ only tells the dispatcher that a slot is free.
   start-up does not load it before the limit is set.
 - Owner: ``<host>:<pid>:probes``, the worker's format, so a server that died
   with jobs running has them requeued by the next start
-  (``Worker.release_orphans``, and ``start`` here).
+  (``layerbank.cache.runner.release_orphans``, called by the worker and by
+  ``start`` here). Claiming is the runner's ``Claimer``; in the child, the
+  lease and the outcome are the runner's too (app/probes/jobs.py).
 - A pool process that dies (killed, out of memory) breaks the pool: its jobs
   go back to the queue with the attempt counted (``max_attempts`` as for
   extraction) and a fresh pool is made for the next one.
@@ -39,7 +41,6 @@ import multiprocessing
 import os
 import socket
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from layerbank.app.probes.heads_store import HeadStore
-from layerbank.cache.jobs import pid_alive
+from layerbank.cache.runner import Claimer, release_orphans
 
 if TYPE_CHECKING:
     from layerbank.app.api.deps import AppState
@@ -59,7 +60,6 @@ __all__ = ["JOB_KINDS", "ProbeService"]
 log = logging.getLogger("layerbank.probes")
 JOB_KINDS = ("probe", "head")
 _IDLE_POLL_S = 0.25  # how often a free slot looks for queued jobs
-_LEASE_SCAN_S = 1.0  # ... and for jobs whose lease expired
 _CHILD_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _LOADED_HEADS = 16
 
@@ -90,7 +90,7 @@ class ProbeService:
         self.executor_factory: Callable[[], Executor] = executor_factory or self._process_pool
         self._executor: Executor | None = None
         self._running: dict[str, Future[str]] = {}
-        self._last_claim = 0.0
+        self.claimer = Claimer(self.queue, self.owner, JOB_KINDS, self.settings.lease_seconds)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,16 +128,7 @@ class ProbeService:
 
     def _release_orphans(self) -> None:
         """Requeue probe/head jobs whose server process on this host is gone."""
-        host = socket.gethostname()
-        for job_id, owner in self.queue.running_owners().items():
-            o_host, _, rest = (owner or "").partition(":")
-            pid, _, tail = rest.partition(":")
-            if o_host != host or tail != "probes" or not pid.isdigit():
-                continue
-            if int(pid) == os.getpid() or pid_alive(int(pid)):
-                continue
-            if self.queue.release(job_id, owner, died=True):
-                log.warning("job %s: the server running it died; requeued", job_id)
+        release_orphans(self.queue, tail="probes")
 
     # -- submitting -----------------------------------------------------------------
     def check_room(self) -> None:
@@ -179,13 +170,7 @@ class ProbeService:
     def _dispatch(self) -> None:
         s = self.settings
         while len(self._running) < s.probe_processes:
-            # the cheap read first; a claim (a write transaction) only when there is work,
-            # or once a second to pick up jobs whose lease expired
-            now = time.monotonic()
-            if not self.queue.queued(JOB_KINDS) and now - self._last_claim < _LEASE_SCAN_S:
-                return
-            self._last_claim = now
-            job = self.queue.claim(self.owner, list(JOB_KINDS), s.lease_seconds)
+            job = self.claimer.next()
             if job is None:
                 return
             if self._executor is None:

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from layerbank.cache.errors import InputError
+
 __all__ = [
     "Entity",
     "SpanScores",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 
-class TagSchemeError(ValueError):
+class TagSchemeError(InputError):
     """Tags that are not BIO where entity spans are asked for."""
 
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layerbank.cache.errors import InputError
+
 __all__ = [
     "WORDSET_FORMATS",
     "TaggedSentence",
@@ -49,7 +51,7 @@ WORDSET_FORMATS = ("conll", "json", "jsonl")
 _DOCSTART = "-DOCSTART-"
 
 
-class WordSetError(ValueError):
+class WordSetError(InputError):
     """A word set that cannot be read; ``line`` is 1-based (None if unknown)."""
 
     def __init__(self, message: str, line: int | None = None, source: str | None = None):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from layerbank.workers.regimes.run import run_regimes
-from layerbank.workers.regimes.plot import format_regimes_table
+from layerbank.app.probes.regimes_plot import format_regimes_table
 
 pytestmark = pytest.mark.integration
 SST2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "train.tsv"

@@ -26,16 +26,13 @@ Example (what the worker does with a claimed job)::
 from __future__ import annotations
 
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from layerbank.cache.keys import text_key
-from layerbank.workers.jobs_registry import JobError, register_kind
+from layerbank.workers.jobs_registry import JobContext, JobError, register_kind
 from layerbank.workers.regimes.resources import Cancelled
-
-if TYPE_CHECKING:
-    from layerbank.workers.worker import JobContext
 
 __all__ = ["frozen_features", "run_regimes_job"]
 

@@ -16,7 +16,7 @@
   stops at its next training step, 409 once finished).
 
 The training itself runs in the worker (workers/regimes/job_kind.py); this module
-never imports torch, and renders the plot with layerbank.workers.regimes.plot, which
+never imports torch, and renders the plot with layerbank.app.probes.regimes_plot, which
 imports matplotlib only.
 
 Example::
@@ -162,7 +162,7 @@ async def regimes_plot(regimes_id: str, state: AppState = Depends(get_state)) ->
         why = f": {job.error}" if job.error else ""
         raise Conflict(f"regimes job {regimes_id} is {job.state}{why}; its plot exists once it has "
                        "succeeded", extra={"job_id": job.id, "job_state": job.state})
-    from layerbank.workers.regimes.plot import regimes_plot_png  # matplotlib only, no torch (checked by a test)
+    from layerbank.app.probes.regimes_plot import regimes_plot_png  # matplotlib only, no torch (checked by a test)
 
     return Response(await run_in_threadpool(regimes_plot_png, job.result), media_type="image/png")
 

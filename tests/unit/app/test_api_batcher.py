@@ -145,7 +145,7 @@ def test_a_full_disk_is_507_and_any_other_failure_500() -> None:
     # the message workers/worker.py records for layerbank.cache.space.ShardWriteError
     what = ("no space left on device while writing shard j-00000.h5: it needs about 1.2 MiB, "
             "40.0 KiB are free; free some space and run the job again")
-    disk = failure("ShardWriteError: " + what)
+    disk = failure("ShardWriteError: " + what, "storage")  # the type the runner stored
     assert isinstance(disk, InsufficientStorage)
     assert (disk.status, disk.type) == (507, "insufficient_storage")
     assert disk.message == "extraction failed: " + what

@@ -138,7 +138,7 @@ def test_the_app_renders_the_plot_without_torch() -> None:
               "best": "frozen", "within_noise": ["frozen"], "cheapest_within_one_std": "frozen",
               "regimes": {"frozen": {"bytes_per_task": 3080, "macro_f1_mean": 0.8, "macro_f1_std": 0.0}}}
     code = ("import sys, json, layerbank.app.api.main\nfrom layerbank.app.api.routes import regimes\n"
-            "from layerbank.workers.regimes.plot import regimes_plot_png\n"
+            "from layerbank.app.probes.regimes_plot import regimes_plot_png\n"
             f"png = regimes_plot_png(json.loads({json.dumps(json.dumps(result))}))\n"
             "assert png[:4] == b'\\x89PNG', png[:8]\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")

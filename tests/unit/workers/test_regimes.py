@@ -26,7 +26,7 @@ from layerbank.workers.regimes.finetune import Cancelled, SequenceClassifier, Tr
 from layerbank.workers.regimes.linear_probe import probe_head, stratified_split
 from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
 from layerbank.workers.regimes.run import run_regimes
-from layerbank.workers.regimes.plot import format_regimes_table, regimes_plot_png
+from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
 from layerbank.workers.regimes.result import choose
 
 WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]

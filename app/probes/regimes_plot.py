@@ -1,5 +1,8 @@
 """Render a regimes result (``layerbank.workers.regimes.run.run_regimes``) for people.
 
+It lives in app/probes, not next to the training in workers/regimes, because the
+API renders stored results and the HTTP layer never imports ``layerbank.workers``.
+
 ``format_regimes_table(result)`` is the CLI's table: one block per training
 size, a line per regime (macro-F1 and accuracy as mean +- std over seeds,
 trainable parameters and share, bytes per task, seconds per epoch, peak

@@ -1,0 +1,117 @@
+"""The import graph of every layerbank module, read from the source (AST), not by importing.
+
+Two properties a newcomer relies on when they read the folder names:
+
+- no import cycles between layerbank modules: every import counts, also those
+  inside functions and under ``if TYPE_CHECKING:`` (a cycle hidden behind a
+  lazy import is still two modules that cannot be understood one at a time);
+- the rules each package's ``__init__`` states: ``cache`` imports nothing of
+  ``layerbank.app`` or ``layerbank.workers``; ``workers`` never imports
+  ``layerbank.app``; ``app/api`` (the HTTP layer) never imports torch,
+  transformers or ``layerbank.workers``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# pyproject.toml's package-dir: folder -> package (tests/unit/test_packaging.py checks that list)
+FOLDERS = {"layerbank": "layerbank", "app": "layerbank.app", "workers": "layerbank.workers",
+           "cache": "layerbank.cache"}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """Every module ``name`` imports (absolute names; relative imports resolved)."""
+    is_package = path.name == "__init__.py"
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:  # `from pkg import module` imports pkg.module
+                sub = f"{target}.{a.name}"
+                found.append(sub if sub in MODULES else target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _internal(target: str) -> str | None:
+    """The layerbank module ``target`` names (a package's submodule import counts as it)."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _cycles() -> list[list[str]]:
+    edges = {m: sorted({t for t in map(_internal, GRAPH[m]) if t and t != m and not m.startswith(t + ".")})
+             for m in MODULES}
+    # a package's __init__ is imported by its submodules implicitly; only explicit edges count
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for t in edges[m]:
+            if seen.get(t) == 1:
+                cycles.append(path[path.index(t):] + [t])
+            elif t not in seen:
+                visit(t, [*path, t])
+        seen[m] = 2
+
+    for m in sorted(MODULES):
+        if m not in seen:
+            visit(m, [m])
+    return cycles
+
+
+def test_the_walk_sees_the_whole_tree() -> None:
+    # guards the test itself: a broken walk would find no cycle and no violation
+    assert len(MODULES) > 80
+    assert "layerbank.workers.worker" in MODULES and "layerbank.app.api.errors" in MODULES
+    assert "layerbank.workers.jobs_registry" in GRAPH["layerbank.workers.worker"]
+    assert "layerbank.cache.runner" in GRAPH["layerbank.workers.worker"]
+
+
+def test_no_import_cycles_between_layerbank_modules() -> None:
+    cycles = _cycles()
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{m} imports {t}" for m in sorted(MODULES) if m == package or m.startswith(package + ".")
+            for t in GRAPH[m] if any(t == f or t.startswith(f + ".") for f in forbidden)]
+
+
+def test_cache_imports_nothing_of_app_or_workers() -> None:
+    assert _violations("layerbank.cache", ("layerbank.app", "layerbank.workers")) == []
+
+
+def test_workers_never_import_app() -> None:
+    assert _violations("layerbank.workers", ("layerbank.app",)) == []
+
+
+def test_the_http_layer_never_imports_torch_or_workers() -> None:
+    assert _violations("layerbank.app.api", ("torch", "transformers", "peft", "layerbank.workers")) == []
