@@ -94,8 +94,10 @@ def _open(settings: Any) -> Any:
 
 
 class _Bar:
-    def __init__(self, enabled: bool, unit: str) -> None:
-        self.enabled, self.unit = enabled, unit
+    """A tqdm bar on stderr fed ``(done, total)``; tqdm shows the rate and the ETA."""
+
+    def __init__(self, enabled: bool, unit: str, desc: str | None = None) -> None:
+        self.enabled, self.unit, self.desc = enabled, unit, desc
         self.bar: Any = None
 
     def __call__(self, done: int, total: int) -> None:
@@ -104,7 +106,7 @@ class _Bar:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=total, unit=self.unit, desc=self.desc, file=sys.stderr, dynamic_ncols=True)
         self.bar.n = done
         self.bar.refresh()
 
@@ -267,14 +269,20 @@ def _run_token(args: argparse.Namespace) -> int:
     bio = all(is_bio_tag(t) for s in train + valid for t in s.tags)
     from threadpoolctl import threadpool_limits
 
+    # one bar tick per fit (a view's tagger, then its control head): on a large set each
+    # takes a minute, and without it the command was silent for minutes
+    bar = _Bar(not args.no_progress, "fit", desc="token probe: fitting taggers")
     try:
         # one BLAS thread, as run_probe does: small fits on shared cores only lose with more
         with threadpool_limits(limits=1):
             result = run_token_probe(train_states, valid_states, views=_list(args.views, "each_layer"),
-                                     seed=args.seed, control_task=not args.no_control_task, span_f1=bio)
+                                     seed=args.seed, control_task=not args.no_control_task, span_f1=bio,
+                                     progress=bar)
     except ValueError as e:  # a view this model lacks, a single tag ...
+        bar.close()
         fail(str(e))
         raise
+    bar.close()
     result.update(task={"name": "token_classification"}, model=model, word_mode=args.word_mode,
                   n_sentences={"train": len(train), "valid": len(valid)})
     print(_token_table(result))
@@ -290,11 +298,13 @@ def _run_token(args: argparse.Namespace) -> int:
 
 def _token_table(r: dict[str, Any]) -> str:
     width = max(len("view"), *(len(x["view"]) for x in r["rows"]))
-    lines = [f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  fit s"]
+    lines = [f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  fit s   "
+             "converged"]
     for x in r["rows"]:
         lines.append(f"{x['view']:<{width}}  {_num(x['f1']):<5}  {_num(x['precision']):<9}  "
                      f"{_num(x['recall']):<6}  {x['word_accuracy']:<8.3f}  {_num(x['control_accuracy']):<7}  "
-                     f"{_num(x['selectivity']):<11}  {x['fit_seconds']:.2f}")
+                     f"{_num(x['selectivity']):<11}  {x['fit_seconds']:<6.2f}  "
+                     f"{'yes' if x['converged'] else 'NO (see warnings)'}")
     n, s = r["n_words"], r["n_sentences"]
     lines += ["", (f"{s['train']:,} training sentences ({n['train']:,} words), {s['valid']:,} validation "
                    f"sentences ({n['valid']:,} words), {len(r['tags'])} tags; {r['word_mode']} sub-token "
@@ -302,4 +312,5 @@ def _token_table(r: dict[str, Any]) -> str:
               f"best by {r['metric'].replace('_', ' ')}: {r['best']}"]
     if r["n_uncovered"]["train"] or r["n_uncovered"]["valid"]:
         lines.append(f"words cut off by max_length: {r['n_uncovered']} ({r['uncovered_policy']})")
+    lines += [f"warning: {w}" for w in r.get("warnings", [])]
     return "\n".join(lines)
