@@ -5,9 +5,9 @@ does while it runs: the same format and, by default, the same directory
 (``LAYERBANK_DATA_DIR``, else ``./layerbank-data``; every other setting has
 its ``LAYERBANK_*`` twin too, read by layerbank.app.api.settings.Settings).
 It answers from the store and loads the encoder only when a text is missing:
-the model's fingerprint is a hash of its files and its resolved extraction
-config comes from the catalog's model row, so a request whose texts are all
-stored needs neither torch nor the weights.
+the model is located and its keys made without torch, as the command line
+does (layerbank.workers.model_source, layerbank.workers.known_model), so a
+request whose texts are all stored needs neither torch nor the weights.
 
 A directory held by a running ``layerbank serve`` is refused with the
 command line's message (layerbank.cache.lock.hold_data_dir); ``url=`` reads
@@ -28,38 +28,25 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerbank.app.api.settings import Settings
-from layerbank.cache.fingerprint import default_model_path, model_fingerprint
-from layerbank.cache.keys import ExtractionConfig, text_key
+from layerbank.cache.keys import text_key
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.shard import POOLINGS
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import parse_view
+from layerbank.workers.known_model import ModelRef, known_model  # both torch-free
+from layerbank.workers.model_source import ModelSource, locate_model
 
 __all__ = ["Bank", "as_texts"]
 
 # open Banks of this process by (pid, data dir, model, url): LayerFeatures and
 # a user's own Bank share one, since a second lock on the directory would be refused
 _open: dict[tuple[Any, ...], Bank] = {}
-
-
-@dataclass(frozen=True)
-class _Model:
-    """The model the keys are made for: fingerprint, resolved config, shape."""
-
-    fingerprint: str
-    config: ExtractionConfig
-    info: dict[str, Any]
-
-    @property
-    def n_hidden_states(self) -> int:
-        return int(self.info["n_hidden_states"])
 
 
 class Bank:
@@ -85,12 +72,14 @@ class Bank:
         self._client: Any = None
         self._store: FeatureStore | None = None
         self._extractor: Any = None  # layerbank.workers.local.LocalExtractor, once a text is missing
-        self._model: _Model | None = None
+        self._model: ModelRef | None = None
+        self._source: ModelSource | None = None
         if url is not None:
             from layerbank.app.client import Client
 
             self._client = Client(url, api_key=self.settings.api_key)
         else:
+            self._source = locate_model(self.settings.model)  # ModelLoadError at once, in one line
             self._lock = _hold(self.settings.data_dir)
             try:
                 self._store = FeatureStore(self.settings.data_dir, clean=True)
@@ -121,7 +110,7 @@ class Bank:
             self.stats["cached"] += cached
             self.stats["encoded"] += len(texts) - cached
             return np.asarray(x, dtype=np.float32)
-        h = self._known_model().n_hidden_states
+        h = self._n_hidden_states()
         v.needed_layers(h)  # a layer this model lacks fails before any encoding
         data = self._read(texts, lambda store, keys: store.read_view(keys, v, pooling, h))
         return np.asarray(data, dtype=np.float32)
@@ -198,7 +187,14 @@ class Bank:
             raise RuntimeError("this Bank is closed")
         return self._store
 
-    def _known_model(self) -> _Model:
+    def _n_hidden_states(self) -> int:
+        if self._model is None and self._source is not None:
+            self._model = self._model_from_catalog()
+            if self._model is None and (h := self._source.n_hidden_states()) is not None:
+                return h  # from config.json: a bad layer is refused before torch loads
+        return self._known_model().n_hidden_states
+
+    def _known_model(self) -> ModelRef:
         if self._model is None:
             self._model = self._model_from_catalog()
         if self._model is None:
@@ -206,24 +202,12 @@ class Bank:
         assert self._model is not None
         return self._model
 
-    def _model_from_catalog(self) -> _Model | None:
-        """The keys' model without torch: the catalog's row for these weights,
-        resolved as Encoder.load would resolve this Bank's settings; None when
-        the row cannot tell (never registered, another device, an old row)."""
-        s = self.settings
-        fp = model_fingerprint(s.model or default_model_path())
-        info = self._open_store().catalog.model_info(fp)
-        if not info or "model_max_length" not in info:
-            return None
-        if s.device != "auto" and s.device.split(":")[0] != info.get("device"):
-            return None
-        resolved = (info.get("precision_modes") or {}).get(s.precision)
-        if resolved is None:  # a mode this device lacks: let the encoder say so
-            return None
-        most = int(info["model_max_length"])
-        cfg = ExtractionConfig(max_length=min(s.max_length or most, most), storage_dtype=s.storage_dtype,
-                               precision=resolved)
-        return _Model(fp, cfg, info)
+    def _model_from_catalog(self) -> ModelRef | None:
+        """The keys' model without torch, when the catalog's row can tell (known_model)."""
+        s, source = self.settings, self._source
+        assert source is not None
+        return known_model(self._open_store().catalog, source.name, source.fingerprint, device=s.device,
+                           precision=s.precision, max_length=s.max_length, storage_dtype=s.storage_dtype)
 
     def _encoder(self) -> Any:
         if self._extractor is None:
@@ -234,8 +218,8 @@ class Bank:
             set_threads(s.threads)
             encoder = Encoder.load(s.model, **s.extraction_options())  # type: ignore[arg-type]
             self._extractor = LocalExtractor.attach(self._open_store(), encoder, self._lock)
-            self._model = _Model(encoder.fingerprint, encoder.config,
-                                 {**encoder.info, "config": encoder.config.canonical()})
+            self._model = ModelRef(encoder.name, encoder.fingerprint, encoder.config,
+                                   {**encoder.info, "config": encoder.config.canonical()})
         return self._extractor
 
     # -- life cycle -----------------------------------------------------------
