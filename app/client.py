@@ -119,6 +119,14 @@ def _id(obj: str | dict[str, Any], *keys: str) -> str:
     raise ValueError(f"no {' or '.join(keys)} in {sorted(obj)}")
 
 
+def _origin(url: str) -> str:
+    """``http://host:port/prefix`` -> ``http://host:port``: what a browser on that server sends."""
+    parts = httpx.URL(url)
+    port = f":{parts.port}" if parts.port is not None else ""
+    host = f"[{parts.host}]" if ":" in parts.host else parts.host
+    return f"{parts.scheme}://{host}{port}"
+
+
 def _job_id(job: str | dict[str, Any]) -> str:
     # a dataset or head carries its job as job_id; a job (or probe) is its own id
     return _id(job, "job_id", "id")
@@ -131,8 +139,9 @@ class Client:
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 600.0,
                  max_retries: int = 5, max_retry_seconds: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
+        # a keyless server takes uploads (form posts) only with its own Origin (app/api/origin.py)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {"Origin": _origin(self.url)}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self.max_retries = max_retries
         self.max_retry_seconds = max_retry_seconds
@@ -241,26 +250,31 @@ class Client:
         of strings, a pandas DataFrame, a pyarrow Table, a ``datasets.Dataset`` (with
         ``text_column``/``label_column``) or a path (as ``path=``). Extraction runs in
         the background: ``wait=True`` (or ``wait(dataset)``) blocks until it succeeded."""
+        from layerbank.app.tables import InputError, is_table, table_texts
+
         if isinstance(texts, (str, os.PathLike)) and path is None:
             path, texts = texts, None
         if path is not None:
-            ds = self._upload_path(Path(path), name, text_column, label_column, format, no_header,
-                                   precision)
+            try:
+                ds = self._upload_path(Path(path), name, text_column, label_column, format, no_header,
+                                       precision)
+            except (InputError, OSError) as e:  # read here, so the same one error type
+                raise ApiError(None, "validation", str(e)) from e
         else:
             body: dict[str, Any] = {"name": name or "dataset"}
             if words is not None:
                 body["words"] = [list(w) for w in words]
                 if tags is not None:
                     body["tags"] = [list(t) for t in tags]
-            else:
-                from layerbank.app.tables import is_table, table_texts
-
-                if is_table(texts):
+            elif is_table(texts):
+                try:
                     table = table_texts(texts, text_column=text_column, label_column=label_column)
-                    body["texts"] = table.texts
-                    labels = table.labels if labels is None else labels
-                else:
-                    body["texts"] = _text_list(texts if texts is not None else [])
+                except InputError as e:
+                    raise ApiError(None, "validation", str(e)) from e
+                body["texts"] = table.texts
+                labels = table.labels if labels is None else labels
+            else:
+                body["texts"] = _text_list(texts if texts is not None else [])
             if labels is not None:
                 body["labels"] = _plain(labels)
             if precision is not None:

@@ -6,9 +6,8 @@ neither torch, transformers nor scikit-learn:
     layerbank.Client      the HTTP client of a running server (httpx + numpy)
     layerbank.Bank        the same features and probes in-process, without a server
     layerbank.LayerFeatures  a scikit-learn transformer: a grid search can choose the layer
-    layerbank.Bank        the same features and probes in-process, without a server
-    layerbank.LayerFeatures  a scikit-learn transformer: a grid search can choose the layer
     layerbank.ApiError    what the client raises; str() carries the server's message
+                          (JobFailed, JobTimeout: its subclasses for jobs)
 
 Installed, the repository's folders live under this one namespace:
 ``app/`` is ``layerbank.app``, ``workers/`` is ``layerbank.workers`` and
@@ -27,8 +26,8 @@ __version__ = "0.2.0"
 _LAZY = {
     "Client": "layerbank.app.client",
     "ApiError": "layerbank.app.client",
-    "Bank": "layerbank.app.bank",
-    "LayerFeatures": "layerbank.app.layer_features",
+    "JobFailed": "layerbank.app.client",
+    "JobTimeout": "layerbank.app.client",
     "Bank": "layerbank.app.bank",
     "LayerFeatures": "layerbank.app.layer_features",
 }
