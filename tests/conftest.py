@@ -137,7 +137,9 @@ def tiny_api_factory(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[.
                 thread.join(10)
                 store.close()
             stops.append(stop_worker)
-        client = TestClient(create_app(settings))
+        # a keyless app answers only to its own names and Origin (app/api/origin.py)
+        client = TestClient(create_app(settings), base_url="http://localhost",
+                            headers={"Origin": "http://localhost"})
         client.__enter__()
         stops.append(lambda: client.__exit__(None, None, None))
         if worker:

@@ -6,7 +6,8 @@ process runs. It never imports torch: ``layerbank serve`` starts the worker
 as a separate process (app/cli/serve.py).
 
 Request path through the middleware, outermost first: request timer
-(metrics) -> API key -> body size limit -> routes. Errors from any layer come
+(metrics) -> Host/Origin (keyless servers only, app/api/origin.py) -> API key ->
+body size limit -> routes. Errors from any layer come
 out in one shape (app/api/errors.py).
 
 Example::
@@ -32,6 +33,7 @@ from layerbank.app.api.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from layerbank.app.api.errors import install_error_handlers
 from layerbank.app.api.lab import LabPages
 from layerbank.app.api.metrics import Metrics, RequestTimer
+from layerbank.app.api.origin import OriginGuard, allowed_host_names
 from layerbank.app.api.routes import (dataset_stats, datasets, docs, embeddings, features, heads, jobs, ops,
                                       probes, regimes)
 from layerbank.app.api.schemas import apply_limits
@@ -78,6 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # added innermost first: the timer sees every request, 401s and 413s included
     app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    if not settings.api_key:  # with a key, a browser can't act for the user anyway
+        app.add_middleware(OriginGuard, allowed=allowed_host_names(settings.host, settings.allowed_hosts))
     # the lab's pages hold no data: answered before the key guard, so a browser can ask for the key
     app.add_middleware(LabPages)
     app.add_middleware(RequestTimer, metrics=metrics)

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = None
     insecure: bool = False
+    allowed_hosts: str = Field("", description="host names a keyless server answers to besides loopback "
+                                                "names and --host, comma-separated; '*' = any")
     default_view: str = "layer:-2"
     default_pooling: Literal["mean", "cls", "max"] = "mean"
     max_texts_per_request: int = Field(2048, ge=1)

@@ -41,6 +41,8 @@ _FLAGS = [
     ("--host", "address to listen on (default 127.0.0.1)"),
     ("--port", "port (default 8000; 0 picks a free one)"),
     ("--api-key", "require 'Authorization: Bearer KEY' on every route but /health"),
+    ("--allowed-hosts", "without a key: host names to answer to besides loopback and --host "
+                        "(comma-separated; '*' = any)"),
     ("--default-view", "view when a request names none (default layer:-2)"),
     ("--default-pooling", "pooling when a request names none (default mean)"),
     ("--batch-window-ms", "how long misses wait for others to share an encoder batch (default 5)"),
