@@ -285,14 +285,14 @@ def _head_class(name: str) -> type:
     if name == "scalar_mix":
         return ScalarMixHead
     if name not in _HEAD_CLASSES:
-        raise ProbeInputError(f"unknown head {name!r}; choose one of {', '.join(HEAD_NAMES)}")
+        raise ProbeInputError(f"unknown head {name!r}; choose one of {', '.join(HEAD_NAMES)}", field="head")
     return _HEAD_CLASSES[name]
 
 
 def make_head(name: str, seed: int = 0) -> Any:
     """A fresh, unfitted head by name, with ``seed`` wherever it draws randomness."""
     if not isinstance(name, str):
-        raise ProbeInputError(f"a head name must be a string, one of {', '.join(HEAD_NAMES)}")
+        raise ProbeInputError(f"a head name must be a string, one of {', '.join(HEAD_NAMES)}", field="head")
     cls = _head_class(name)
     return cls(random_state=seed) if "random_state" in cls().get_params() else cls()
 

@@ -54,11 +54,12 @@ _DOCSTART = "-DOCSTART-"
 class WordSetError(InputError):
     """A word set that cannot be read; ``line`` is 1-based (None if unknown)."""
 
-    def __init__(self, message: str, line: int | None = None, source: str | None = None):
+    def __init__(self, message: str, line: int | None = None, source: str | None = None, *,
+                 field: str | None = None):
         self.line = line
         self.source = source
         where = ", ".join(p for p in (source, f"line {line}" if line else None) if p)
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(f"{where}: {message}" if where else message, field=field)
 
 
 @dataclass(frozen=True)

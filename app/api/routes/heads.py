@@ -108,10 +108,7 @@ def _register(state: AppState, service: ProbeService, req: HeadCreate) -> HeadRe
     ds, info = ready_dataset(state, dataset, "dataset")
     if ds.task != "sentence":
         raise InvalidInput(f"dataset {ds.id} holds words and tags; heads classify texts", field="dataset")
-    try:
-        make_head(head)
-    except ProbeInputError as e:
-        raise InvalidInput(f"head: {e}", field="head") from None
+    make_head(head)  # ProbeInputError on field "head" -> 422 (app/api/errors.py)
     if view != "scalar_mix":
         parse_view(view).needed_layers(int(info["n_hidden_states"]))  # ViewError -> 422 on "view"
     labels = state.datasets.items(ds.id).labels
