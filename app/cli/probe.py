@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.app.cli.extract import load_table
 
 __all__ = ["register", "run"]
@@ -58,7 +59,9 @@ def register(sub: Any) -> None:
     add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row")
     add_common_flags(p)
     add_flag(p, "--views", help=f"comma-separated views (default {_DEFAULT_VIEWS}; token task: each_layer)")
-    add_flag(p, "--poolings", default="mean,cls", help="comma-separated poolings (mean, cls, max)")
+    # dest: not the Settings field of the same name (what is stored), which run() widens to these
+    add_flag(p, "--poolings", dest="probe_poolings", default="mean,cls",
+             help=f"comma-separated poolings to probe ({', '.join(POOLING_NAMES)})")
     add_flag(p, "--head", default="logistic", help="logistic, ridge, linear_svm, mlp, knn")
     add_flag(p, "--cv", type=int, default=5, help="cross-validation folds")
     add_flag(p, "--seed", type=int, default=0, help="seed of folds, control labels and heads")
@@ -110,6 +113,12 @@ class _Bar:
         self.bar.n = done
         self.bar.refresh()
 
+    def stage(self, text: str) -> None:
+        """Name what the bar is counting now (e.g. which regime and seed)."""
+        self.desc = text
+        if self.bar is not None:
+            self.bar.set_description(text, refresh=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -126,13 +135,18 @@ def _run_sentence(args: argparse.Namespace) -> int:
         fail("give the FILE of labelled texts")
     if args.label_column is None:
         fail("--label-column is required: the column (or JSON field) holding each text's label")
-    views, poolings = _list(args.views, _DEFAULT_VIEWS), _list(args.poolings, "mean,cls")
+    views, poolings = _list(args.views, _DEFAULT_VIEWS), _list(args.probe_poolings, "mean,cls")
     try:
         sizes = [int(s) for s in _list(args.train_sizes, "")]
     except ValueError:
         fail(f"--train-sizes must be comma-separated integers, got {args.train_sizes!r}")
         raise
     settings = settings_from(args)
+    if unknown := [p for p in poolings if p not in POOLING_NAMES]:
+        fail(f"unknown pooling {unknown[0]!r}; known: {', '.join(POOLING_NAMES)}")
+    # the texts are stored with the poolings probed, besides those the setting names
+    settings = settings.model_copy(update={"poolings": ",".join(dict.fromkeys(
+        [*settings.pooling_names, *poolings]))})
     table = load_table(args, label_column=args.label_column)
     try:  # everything that can be wrong with the input, before the model loads
         check_options(cv=args.cv, head=args.head, views=views, poolings=poolings)

@@ -54,9 +54,16 @@ def register(sub: Any) -> None:
 
 
 def verdict(result: dict[str, Any]) -> str:
-    """One line a person acts on: the best regime, and the cheapest within one std of it."""
+    """One line a person acts on: the best regime, and the cheapest within one std of it.
+
+    With one seed there is no std: the line says so rather than "± 0.000"."""
+    from layerbank.app.probes.regimes_plot import NO_SPREAD
+
     rows = result["regimes"]
     best, cheap = result["best"], result["cheapest_within_one_std"]
+    if len(result.get("settings", {}).get("seeds", [])) == 1:
+        return (f"verdict: best {best} (macro-F1 {rows[best]['macro_f1_mean']:.3f}; {NO_SPREAD}, so no "
+                "cheaper regime can be called as good: run with --seeds 3 to compare within noise)")
     line = (f"verdict: best {best} (macro-F1 {rows[best]['macro_f1_mean']:.3f} ± "
             f"{rows[best]['macro_f1_std']:.3f}); cheapest within one std: {cheap} "
             f"({rows[cheap]['bytes_per_task']:,} bytes per task")
@@ -110,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 top_k=args.top_k, train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
                 max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
                 frozen_features=read.data if read.found.all() else None,
-                out_dir=ex.store.root / "regimes" / run_id, progress=bar)
+                out_dir=ex.store.root / "regimes" / run_id, progress=bar, stage=bar.stage)
         except (ValueError, Cancelled) as e:  # labels too few to split, a size too big, Ctrl-C'd
             bar.close()
             fail(str(e))

@@ -6,9 +6,16 @@ API renders stored results and the HTTP layer never imports ``layerbank.workers`
 ``format_regimes_table(result)`` is the CLI's table: one block per training
 size, a line per regime (macro-F1 and accuracy as mean +- std over seeds,
 trainable parameters and share, bytes per task, seconds per epoch, peak
-memory), then the verdict. ``regimes_plot_png(result)`` draws test macro-F1
-against bytes stored per task (log scale), one point per regime with
-standard-deviation error bars, one series per training size.
+memory), then the verdict, and a warning for every regime whose runs did
+not converge (``!`` in the table). With one seed there is no spread to
+show: the table and the plot say "1 seed: no spread" instead of "± 0.000",
+and nothing is called "within one std". ``regimes_figure(result)`` /
+``regimes_plot_png(result)`` draw test macro-F1 against bytes stored per
+task (log scale), one point per regime with standard-deviation error bars,
+one series per training size; the regime names are moved apart until no
+two labels overlap (layerbank.app.probes.plot_text), the cheapest regime
+within one std of the best is ringed and named in the legend, and the
+title names the model, not its path.
 
 Neither imports torch (matplotlib only when plotting, Agg backend), so the
 API process can render a stored result.
@@ -23,10 +30,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["format_regimes_table", "regimes_plot_png"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["NO_SPREAD", "format_regimes_table", "regimes_figure", "regimes_plot_png", "warnings"]
+
+NO_SPREAD = "1 seed: no spread"
+_MARKER_PT = 6.0  # matplotlib's default marker size, named: labels keep clear of it
 
 
 def _blocks(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -42,62 +54,129 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _n_seeds(result: Mapping[str, Any]) -> int:
+    return len(result.get("settings", {}).get("seeds", [])) or 1
+
+
+def _score(mean: float, std: float, one_seed: bool) -> str:
+    # one seed: the std is 0 by definition, so "± 0.000" would claim a spread never measured
+    return f"{mean:>7.3f}        " if one_seed else f"{mean:>7.3f} ± {std:.3f}"
+
+
+def _seeds(seeds: list[int], n: int) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} of {n}"
+
+
+def warnings(result: Mapping[str, Any]) -> list[str]:
+    """One sentence per regime (and training size) whose runs did not converge."""
+    n, out = _n_seeds(result), []
+    blocks = _blocks(result)
+    for block in blocks:
+        size = f" at {block['train_size']} training texts" if len(blocks) > 1 else ""
+        for name, r in block["regimes"].items():
+            seeds = r.get("not_converged_seeds") or []
+            if not seeds:
+                continue
+            if name == "frozen":
+                out.append(f"{name}{size}: a logistic-regression fit stopped at max_iter before converging "
+                           f"({_seeds(seeds, n)}); its score may be understated")
+            else:
+                out.append(f"{name}{size}: still improving at its last epoch ({_seeds(seeds, n)}); more "
+                           "epochs (--max-epochs) may score higher")
+    return out
+
+
 def format_regimes_table(result: Mapping[str, Any]) -> str:
-    """A plain-text table of every regime, per training size, with the verdict."""
-    seeds = result.get("settings", {}).get("seeds", [])
+    """A plain-text table of every regime, per training size, with the verdict and warnings."""
+    n = _n_seeds(result)
+    one = n == 1
     header = (f"{'regime':<8} {'macro-F1':>15} {'accuracy':>15} {'trainable':>11} {'share':>8} "
               f"{'bytes/task':>10} {'s/epoch':>8} {'peak mem':>9}")
     lines = []
     for block in _blocks(result):
-        lines.append(f"train size {block['train_size']} ({len(seeds)} seeds; test macro-F1 and "
-                     f"accuracy as mean ± std)")
+        spread = f"{NO_SPREAD}; test macro-F1 and accuracy of that run" if one else \
+            f"{n} seeds; test macro-F1 and accuracy as mean ± std"
+        lines.append(f"train size {block['train_size']} ({spread})")
         lines += [header, "-" * len(header)]
         for name, r in block["regimes"].items():
-            mark = "*" if name == block["cheapest_within_one_std"] else " "
+            mark = "*" if name == block["cheapest_within_one_std"] and not one else " "
+            mark = "!" if r.get("not_converged_seeds") else mark
             lines.append(
-                f"{name:<7}{mark} {r['macro_f1_mean']:>7.3f} ± {r['macro_f1_std']:.3f} "
-                f"{r['accuracy_mean']:>7.3f} ± {r['accuracy_std']:.3f} {r['trainable_params']:>11,} "
+                f"{name:<7}{mark} {_score(r['macro_f1_mean'], r['macro_f1_std'], one)} "
+                f"{_score(r['accuracy_mean'], r['accuracy_std'], one)} {r['trainable_params']:>11,} "
                 f"{100 * r['trainable_share']:>7.3f}% {_size(r['bytes_per_task']):>10} "
                 f"{r['seconds_per_epoch']:>8.2f} {_size(r['peak_memory_bytes']):>9}")
-        lines.append(f"best: {block['best']}; within one std of it: {', '.join(block['within_noise'])}; "
-                     f"cheapest of those (*): {block['cheapest_within_one_std']}")
+        if one:
+            lines.append(f"best: {block['best']} ({NO_SPREAD}: which regimes are as good within noise "
+                         "needs --seeds 2 or more)")
+        else:
+            lines.append(f"best: {block['best']}; within one std of it: {', '.join(block['within_noise'])}; "
+                         f"cheapest of those (*): {block['cheapest_within_one_std']}")
         lines.append("")
+    found = warnings(result)
+    if found:
+        lines += ["! did not converge:"] + [f"warning: {w}" for w in found] + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def regimes_plot_png(result: Mapping[str, Any]) -> bytes:
-    """PNG: test macro-F1 (mean ± std) against bytes stored per task, log x."""
-    import matplotlib
+def regimes_figure(result: Mapping[str, Any]) -> Figure:
+    """Test macro-F1 (mean ± std) against bytes stored per task, log x (module docstring)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from layerbank.app.probes.plot_text import model_label, untangle
 
+    one = _n_seeds(result) == 1
     blocks = _blocks(result)
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    try:
-        for i, block in enumerate(blocks):
-            regimes = block["regimes"]
-            names = list(regimes)
-            last = i == len(blocks) - 1
-            ax.errorbar([regimes[n]["bytes_per_task"] for n in names],
-                        [regimes[n]["macro_f1_mean"] for n in names],
-                        yerr=[regimes[n]["macro_f1_std"] for n in names], fmt="o", capsize=4,
-                        alpha=1.0 if last else 0.45, label=f"{block['train_size']} training texts")
-            if last:  # label the headline size only, so the names stay readable
-                for n in names:
-                    tag = n + (" (cheapest within 1 std)" if n == block["cheapest_within_one_std"] else "")
-                    ax.annotate(tag, (regimes[n]["bytes_per_task"], regimes[n]["macro_f1_mean"]),
-                                textcoords="offset points", xytext=(6, 6), fontsize=8)
-        ax.set_xscale("log")
-        ax.set_xlabel("bytes stored per task (float32, log scale)")
-        ax.set_ylabel("test macro-F1 (mean ± std over seeds)")
-        model = "/".join(PurePath(result.get("model", {}).get("path", "")).parts[-2:])
-        ax.set_title(f"Freeze or fine-tune: score against storage per task\n{model}", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=(9, 5.5), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels, points = [], []
+    for i, block in enumerate(blocks):
+        regimes = block["regimes"]
+        names = list(regimes)
+        last = i == len(blocks) - 1
+        xs = [regimes[n]["bytes_per_task"] for n in names]
+        ys = [regimes[n]["macro_f1_mean"] for n in names]
+        ax.errorbar(xs, ys, yerr=None if one else [regimes[n]["macro_f1_std"] for n in names], fmt="o",
+                    markersize=_MARKER_PT,
+                    capsize=4, alpha=1.0 if last else 0.45, zorder=5,  # above every label: never hidden
+                    label=f"{block['train_size']} training texts")
+        points += list(zip(xs, ys))
+        if last:  # label the headline size only, so the names stay readable
+            labels += [ax.annotate(n + (" !" if regimes[n].get("not_converged_seeds") else ""), (x, y),
+                                   textcoords="offset points", xytext=(7, 5), fontsize=9, zorder=4,
+                                   # a white box keeps it readable over grid lines
+                                   bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
+                                         "alpha": 0.85})
+                       for n, x, y in zip(names, xs, ys)]
+            cheap = block["cheapest_within_one_std"]
+            if not one:  # a ring around the point: the point itself stays visible
+                ax.plot(regimes[cheap]["bytes_per_task"], regimes[cheap]["macro_f1_mean"], marker="o",
+                        markersize=16, markerfacecolor="none", markeredgecolor="seagreen",
+                        markeredgewidth=2, linestyle="none", zorder=4.5,
+                        label=f"cheapest within one std of the best: {cheap}")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes stored per task (float32, log scale)")
+    ax.set_ylabel("test macro-F1 (" + (f"{NO_SPREAD}" if one else
+                                       f"mean ± std over {_n_seeds(result)} seeds") + ")")
+    ax.margins(x=0.12, y=0.15)
+    note = f" ({NO_SPREAD})" if one else ""
+    ax.set_title(f"Freeze or fine-tune: score against storage per task{note}\n"
+                 f"{model_label(result.get('model'))}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if any(r.get("not_converged_seeds") for b in blocks for r in b["regimes"].values()):
+        ax.plot([], [], linestyle="none", label="! did not converge (see the table's warnings)")
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    untangle(fig, labels, points, size_pt=_MARKER_PT)
+    return fig
+
+
+def regimes_plot_png(result: Mapping[str, Any]) -> bytes:
+    """PNG bytes of ``regimes_figure(result)``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = regimes_figure(result)
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()

@@ -4,7 +4,9 @@
 uses; ``subsample`` draws a seeded, stratified training subset for learning
 curves. ``probe_layers`` is the frozen regime: for each hidden state a
 StandardScaler + LogisticRegression (C=1, lbfgs) fit on train, the state with
-the best validation macro-F1 (first on ties) scored on test. ``probe_head``
+the best validation macro-F1 (first on ties) scored on test; ``converged``
+is False when any of those fits stopped at ``max_iter`` (its scores may be
+understated, and the table says so). ``probe_head``
 folds such a probe into one linear layer, so a fine-tuned head can start
 from it (LP-FT).
 
@@ -61,11 +63,13 @@ def probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: np
 def _probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray,
                   test: np.ndarray) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     best: tuple[float, int, StandardScaler, LogisticRegression] | None = None
-    val_f1s = []
+    val_f1s, stopped = [], []
     for layer in range(features.shape[1]):
         scaler = StandardScaler().fit(features[train, layer])
         clf = LogisticRegression(C=1.0, max_iter=2000)
         clf.fit(scaler.transform(features[train, layer]), y[train])
+        if int(np.max(clf.n_iter_)) >= clf.max_iter:  # lbfgs gave up: reported, not hidden
+            stopped.append(layer)
         f1 = float(f1_score(y[val], clf.predict(scaler.transform(features[val, layer])), average="macro"))
         val_f1s.append(f1)
         if best is None or f1 > best[0]:
@@ -78,7 +82,8 @@ def _probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: n
     metrics = {"layer": layer, "val_macro_f1": f1, "val_macro_f1_by_layer": val_f1s,
                "test_accuracy": float(accuracy_score(y[test], pred)),
                "test_macro_f1": float(f1_score(y[test], pred, average="macro")),
-               "trainable": int(clf.coef_.size + clf.intercept_.size)}
+               "trainable": int(clf.coef_.size + clf.intercept_.size),
+               "converged": not stopped, "layers_not_converged": stopped}
     stored = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
     metrics["stored_params"] = sum(int(v.size) for v in stored.values())
     return metrics, stored

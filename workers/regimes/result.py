@@ -6,7 +6,10 @@ trainable parameters and their share of encoder + head (the unused pooler
 excluded), bytes to store per task (float32: what trained, plus the head, plus
 the probe's scaler for ``frozen``), seconds per epoch (training steps only,
 validation excluded; for ``frozen``, fitting the probes of every layer), peak
-memory (max over seeds; ``peak_memory_kind`` says how it was measured).
+memory (max over seeds; ``peak_memory_kind`` says how it was measured),
+``not_converged_seeds`` (the seeds whose run did not converge, see run.py).
+With one seed the std is 0.0 by definition, not a measured spread: readers
+of the result say "1 seed: no spread" (layerbank.app.probes.regimes_plot).
 ``choose`` names the best regime and the cheapest within one std of it.
 ``save_artifact`` writes trained tensors as safetensors with a JSON sidecar
 (never a pickle).
@@ -67,6 +70,7 @@ def _summary(runs: list[dict[str, Any]], **fixed: Any) -> dict[str, Any]:
         out[f"{name}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
     out["seconds_per_epoch"] = float(np.mean([r["seconds_per_epoch"] for r in runs]))
     out["peak_memory_bytes"] = int(max(r["peak_memory_bytes"] for r in runs))
+    out["not_converged_seeds"] = [r["seed"] for r in runs if not r.get("converged", True)]
     out["runs"] = runs
     return out
 

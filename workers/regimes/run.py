@@ -24,7 +24,13 @@ lists the regimes whose mean is within one standard deviation (ddof=1 over
 seeds) of the best's; ``cheapest_within_one_std`` is the one of those with
 the fewest bytes to store per task (float32: head, plus biases, adapters,
 layers or the whole encoder). Shares are trainable / (encoder + head), the
-unused pooler excluded. With ``out_dir``, each run's trained tensors go to
+unused pooler excluded. Each run records ``converged``: for a fine-tune,
+whether validation macro-F1 stopped improving before the epoch budget ran
+out (best epoch < ``max_epochs``; still rising at the last epoch means more
+epochs might score higher); for ``frozen``, whether every logistic fit
+stopped before ``max_iter``. ``progress(done, total)`` counts epochs (a
+frozen probe counts one); ``stage(text)`` names each regime and seed as it
+starts ("lora, seed 2 of 3, 400 training texts"). With ``out_dir``, each run's trained tensors go to
 ``out_dir/size<n>/<regime>/seed<s>.safetensors`` with a JSON sidecar; the
 model directory is never written.
 
@@ -71,7 +77,8 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
                 max_length: int = 128, device: str = "auto", head_init: str = "probe",
                 frozen_features: np.ndarray | None = None, out_dir: str | os.PathLike[str] | None = None,
                 progress: Progress = None,
-                should_cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
+                should_cancel: Callable[[], bool] | None = None,
+                stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train and score every regime; return a JSON-serialisable result (module docstring).
 
     ``top_k`` is how many bottom layers the ``top_k`` regime freezes (default half);
@@ -102,7 +109,7 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
                sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
                split_seed=split_seed, top_k=top_k, patience=patience, batch_size=batch_size,
                rates=rates, head_lr=head_lr, head_init=head_init, device=dev, out=out, progress=progress,
-               should_cancel=should_cancel)
+               should_cancel=should_cancel, stage=stage)
     return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, test_size, val_size,
                              max_length, frozen_features)
 
@@ -139,6 +146,7 @@ class _Job:
     out: Path | None
     progress: Progress
     should_cancel: Callable[[], bool] | None
+    stage: Callable[[str], None] | None = None
     done: int = 0
     total: int = 0
 
@@ -185,6 +193,9 @@ class _Job:
                 stem = f"size{len(rows)}/{{}}/seed{seed}"
                 for regime in self.regimes:
                     check_cancel(self.should_cancel)
+                    if self.stage is not None:
+                        self.stage(f"{regime}, seed {self.seeds.index(seed) + 1} of {len(self.seeds)}, "
+                                   f"{len(rows)} training texts")
                     if regime == "frozen":
                         assert features is not None
                         if rows.tobytes() not in probes:  # deterministic: fit once per subset
@@ -230,6 +241,7 @@ class _Job:
                        lambda epoch, _total: self._tick(base + epoch), self.should_cancel)
         self._tick(base + self.epochs[size])  # early stopping skips the rest
         scores = {k: v for k, v in vars(run).items() if k != "state"}
+        scores["converged"] = run.best_epoch < self.epochs[size]  # else still improving at the budget's end
         save_artifact(self.out, stem, run.state,
                       {"regime": regime, "seed": seed, **meta, "top_k": n_frozen, "lora_rank": LORA_RANK,
                        "lr": self.rates[regime], "head_init": self.head_init,

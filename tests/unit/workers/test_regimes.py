@@ -203,16 +203,23 @@ def test_every_regime_end_to_end_on_the_tiny_model(tiny_model_dir: str, tmp_path
     texts, labels = _texts(80)
     before = _digest(tiny_model_dir)
     seen: list[tuple[int, int]] = []
+    stages: list[str] = []
     result = run_regimes(texts, labels, model_path=tiny_model_dir, seeds=2, train_sizes=[20, 40],
                          max_epochs={20: 2, 40: 1}, max_length=16, device="cpu", out_dir=tmp_path / "o",
-                         progress=lambda done, total: seen.append((done, total)))
+                         progress=lambda done, total: seen.append((done, total)), stage=stages.append)
     json.dumps(result)  # the result is plain JSON
     assert _digest(tiny_model_dir) == before  # weights on disk untouched
     assert [b["train_size"] for b in result["learning_curve"]] == [20, 40]
     assert seen[-1] == (seen[-1][1], 2 * (1 + 5 * 2) + 2 * (1 + 5 * 1))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    # one stage per regime, seed and size, named as the CLI's bar shows it
+    assert len(stages) == 2 * 2 * len(REGIMES)
+    assert stages[0] == "frozen, seed 1 of 2, 20 training texts"
+    assert stages[-1] == "full, seed 2 of 2, 40 training texts"
     rows = result["regimes"]
     assert set(rows) == set(REGIMES) and all(r["matches_formula"] for r in rows.values())
+    # a budget of one epoch ends while the score is still rising: every fine-tune says so
+    assert all(rows[r]["not_converged_seeds"] == [0, 1] for r in REGIMES if r != "frozen")
     assert rows["lora"]["encoder_trainable"] == 2 * 2 * 2 * 32 * 8
     order = ["frozen", "bitfit", "lora", "top_k", "full"]
     assert [rows[r]["bytes_per_task"] for r in order] == sorted(rows[r]["bytes_per_task"] for r in order)
