@@ -99,9 +99,12 @@ class Bank:
         return found if found is not None else cls(data_dir, model, url=url)
 
     # -- features -------------------------------------------------------------
-    def features(self, texts: Any, view: str = "layer:-2", pooling: str = "mean") -> np.ndarray:
-        """The view's float32 matrix of ``texts`` in input order (``[n, H, d]`` for all_layers)."""
-        texts = as_texts(texts)
+    def features(self, texts: Any, view: str = "layer:-2", pooling: str = "mean", *,
+                 text_column: str | None = None) -> np.ndarray:
+        """The view's float32 matrix of ``texts`` in input order (``[n, H, d]`` for
+        all_layers). ``texts``: a list, array or Series of str, or a table
+        (DataFrame, Arrow table, ``datasets.Dataset``) with ``text_column``."""
+        texts, _ = _inputs(texts, None, text_column, None)
         _check_pooling(pooling)
         v = parse_view(view)  # ViewError (a ValueError) before anything runs
         if self._client is not None:
@@ -112,7 +115,7 @@ class Bank:
             return np.asarray(x, dtype=np.float32)
         h = self._n_hidden_states()
         v.needed_layers(h)  # a layer this model lacks fails before any encoding
-        data = self._read(texts, lambda store, keys: store.read_view(keys, v, pooling, h))
+        [data] = self._read(texts, lambda store, keys: [store.read_view(keys, v, pooling, h)])
         return np.asarray(data, dtype=np.float32)
 
     def dimension(self, view: str, pooling: str = "mean") -> int:
@@ -127,60 +130,73 @@ class Bank:
         return int(v.output_dim(int(info["n_hidden_states"]), int(info["hidden_size"])))
 
     # -- probes ---------------------------------------------------------------
-    def probe(self, texts: Any, labels: Sequence[Any], *, views: Sequence[str] | None = None,
+    def probe(self, texts: Any, labels: Sequence[Any] | None = None, *,
+              text_column: str | None = None, label_column: str | None = None,
+              views: Sequence[str] | None = None,
               poolings: Sequence[str] = ("mean", "cls"), head: str = "logistic", cv: int = 5,
               seed: int = 0, control_task: bool = True, learning_curve: bool = True,
               train_sizes: Sequence[int] | None = None,
               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Cross-validated probes of every (view, pooling) on the stored states,
         extracting missing texts first: the result ``layerbank probe --json``
-        writes (run_probe's dict with ``recommendation``). Defaults are the CLI's."""
+        writes (run_probe's dict with ``recommendation``). Defaults are the CLI's.
+        ``texts`` may be a table with ``text_column`` and ``label_column``.
+        Through a server (``url=``) it uploads a dataset and runs ``/v1/probes``."""
         from layerbank.app.probes.inputs import check_labels, check_options
         from layerbank.app.probes.requests import DEFAULT_TRAIN_SIZES, DEFAULT_VIEWS, model_summary
         from layerbank.app.probes.sentence_probe import probe_sentences
 
-        texts = as_texts(texts)
+        texts, labels = _inputs(texts, labels, text_column, label_column)
+        if labels is None:
+            raise ValueError("give labels (one per text), or a table and its label_column")
         views = list(DEFAULT_VIEWS if views is None else views)
         poolings = list(poolings)
         check_options(cv=cv, head=head, views=views, poolings=poolings)  # before the model loads
         check_labels(labels, cv)
         if len(labels) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+        sizes = list(DEFAULT_TRAIN_SIZES if train_sizes is None else train_sizes)
         if self._client is not None:
-            raise NotImplementedError("Bank(url=...).probe is not available yet; use Bank(data_dir) "
-                                      "or the server's /v1/probes")
+            ds = self._client.upload_dataset("layerbank.Bank", texts, labels=list(labels))
+            result: dict[str, Any] = self._client.probe(
+                ds, views=views, poolings=poolings, head=head, cv=cv, seed=seed, control_task=control_task,
+                learning_curve=learning_curve, train_sizes=sizes, progress=False)
+            return result
         for p in poolings:
             _check_pooling(p)
-        states = {p: self._read(texts, lambda store, keys, p=p: store.read_pooled(keys, p))
-                  for p in poolings}
+        states = dict(zip(poolings, self._read(
+            texts, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
         m = self._known_model()
         return probe_sentences(states.__getitem__, labels, model=model_summary(m.info, m.fingerprint),
                                views=views, poolings=poolings, head=head, cv=cv, seed=seed,
                                control_task=control_task, learning_curve=learning_curve,
-                               train_sizes=list(DEFAULT_TRAIN_SIZES if train_sizes is None else train_sizes),
-                               progress=progress)
+                               train_sizes=sizes, progress=progress)
 
     # -- the store, and the encoder only for misses ---------------------------
-    def _read(self, texts: list[str], read: Callable[[FeatureStore, list[str]], ReadResult]) -> np.ndarray:
-        """``read(store, keys)`` for ``texts``, encoding the missing ones first."""
+    def _read(self, texts: list[str],
+              read: Callable[[FeatureStore, list[str]], list[ReadResult]]) -> list[np.ndarray]:
+        """``read(store, keys)`` for ``texts``, encoding the missing ones first;
+        counts each unique text once per call, as encoded or as cached."""
         store = self._open_store()
         m = self._model or self._model_from_catalog()
         if m is not None:
             keys = [text_key(m.fingerprint, m.config, t) for t in texts]
             if len(store.lookup(keys)) == len(set(keys)):
-                res = read(store, keys)
-                if res.found.all():
+                results = read(store, keys)
+                if all(r.found.all() for r in results):
                     self.stats["cached"] += len(set(keys))
-                    return res.data
+                    return [r.data for r in results]
+        encoded = 0
         for attempt in ("", "-retry"):  # a shard quarantined under us is recomputed once
-            ex = self._encoder()
-            summary = ex.extract(texts, job_id=f"bank-{uuid.uuid4().hex[:10]}{attempt}")
-            self.stats["encoded"] += summary.texts_encoded
-            self.stats["cached"] += summary.cache_hits
-            res = read(store, summary.keys)
-            if res.found.all():
-                return res.data
-        raise RuntimeError(f"{int((~res.found).sum())} texts could not be read back from the store")
+            summary = self._encoder().extract(texts, job_id=f"bank-{uuid.uuid4().hex[:10]}{attempt}")
+            encoded += summary.texts_encoded
+            results = read(store, summary.keys)
+            if all(r.found.all() for r in results):
+                self.stats["encoded"] += encoded
+                self.stats["cached"] += summary.unique_texts - encoded
+                return [r.data for r in results]
+        lost = max(int((~r.found).sum()) for r in results)
+        raise RuntimeError(f"{lost} texts could not be read back from the store")
 
     def _open_store(self) -> FeatureStore:
         if self._store is None:
@@ -262,6 +278,20 @@ def as_texts(texts: Any) -> list[str]:
     if bad is not None:
         raise TypeError(f"text {bad} is {type(arr[bad]).__name__}, not str: {arr[bad]!r:.60}")
     return [str(t) for t in arr]
+
+
+def _inputs(texts: Any, labels: Any, text_column: str | None,
+            label_column: str | None) -> tuple[list[str], Any]:
+    """Texts (and labels) from a list or a table (layerbank.app.tables)."""
+    from layerbank.app.tables import is_table, table_texts  # pandas & co. only for a table
+
+    if not is_table(texts):
+        return as_texts(texts), labels
+    table = table_texts(texts, text_column=text_column, label_column=label_column)
+    if table.skipped_empty:  # rows must stay aligned with the caller's table
+        raise ValueError(f"{len(table.skipped_empty)} empty texts (rows {table.skipped_empty[:5]}); "
+                         "drop or fill them first: features are returned row for row")
+    return table.texts, table.labels if labels is None else labels
 
 
 def _check_pooling(pooling: str) -> None:

@@ -140,3 +140,15 @@ def test_shared_returns_the_open_bank(bank: Bank, tmp_path: Path, tiny_model_dir
         other.close()
     assert Bank.shared(tmp_path / "other", tiny_model_dir) is not other
     Bank.shared(tmp_path / "other", tiny_model_dir).close()
+
+
+def test_a_dataframe_by_column_name(bank: Bank) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame({"review": TEXTS[:3], "stars": [1, 0, 1]})
+    np.testing.assert_array_equal(bank.features(df, "layer:1", text_column="review"),
+                                  bank.features(TEXTS[:3], "layer:1"))
+    with pytest.raises(ValueError, match=r"1 empty texts \(rows \[2\]\); drop or fill them first"):
+        bank.features(pd.DataFrame({"text": ["a", " "]}))
+    with pytest.raises(ValueError, match="give labels"):
+        bank.probe(df, text_column="review")
