@@ -119,6 +119,12 @@ class _Bar:
         if self.bar is not None:
             self.bar.set_description(text, refresh=True)
 
+    def stage(self, text: str) -> None:
+        """Name what the bar is counting now (e.g. which regime and seed)."""
+        self.desc = text
+        if self.bar is not None:
+            self.bar.set_description(text, refresh=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
