@@ -69,6 +69,17 @@ def _column(columns: list[str], name: str | None, what: str, default_first: bool
     return columns.index(name)
 
 
+def _separator_hint(columns: list[str], fmt: str) -> str:
+    """When one header cell holds the other separator, the file was named for the wrong format."""
+    if len(columns) != 1:
+        return ""
+    if fmt == "tsv" and "," in columns[0]:
+        return "; this looks comma-separated: use --format csv or rename the file to .csv"
+    if fmt == "csv" and "\t" in columns[0]:
+        return "; this looks tab-separated: use --format tsv or rename the file to .tsv"
+    return ""
+
+
 def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
                 label_column: str | None = None, header: bool = True) -> TextTable:
     """Parse an uploaded or read file's bytes in format ``fmt``."""
@@ -128,8 +139,11 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
             table = table[1:]
         else:
             columns = [str(i) for i in range(len(table[0][0]))]
-        tc = _column(columns, text_column, "text", default_first=True)
-        lc = _column(columns, label_column, "label", default_first=False)
+        try:
+            tc = _column(columns, text_column, "text", default_first=True)
+            lc = _column(columns, label_column, "label", default_first=False)
+        except InputError as e:
+            raise InputError(f"{e}{_separator_hint(columns, fmt)}") from None
         assert tc is not None
         for cells, i in table:
             if len(cells) <= 1 and not "".join(cells).strip():  # csv gives [] for a blank line
