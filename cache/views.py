@@ -132,6 +132,11 @@ def _parse_int_list(spec: str, body: str) -> tuple[int, ...]:
         raise ViewError(f"view {spec!r}: layer numbers must be integers") from None
 
 
+# the largest float32 over the largest float16: weights whose absolute sum stays under it
+# keep every weighted sum of float16-stored rows finite in float32
+_MAX_WEIGHT_SUM = float(np.finfo(np.float32).max) / float(np.finfo(np.float16).max)
+
+
 def _parse_weights(spec: str, body: str) -> tuple[float, ...]:
     parts = [p.strip() for p in body.split(",")]
     if not body.strip() or any(not p for p in parts):
@@ -146,6 +151,13 @@ def _parse_weights(spec: str, body: str) -> tuple[float, ...]:
     bad = [w for w in weights if not math.isfinite(w)]
     if bad:
         raise ViewError(f"view {spec!r}: weights must be finite numbers, got {bad[0]}")
+    if math.fsum(abs(w) for w in weights) > _MAX_WEIGHT_SUM:
+        # refused when parsed, not when the rows are combined, so that every route that
+        # takes a view (features, probes, heads) refuses the same view with the same 422
+        # before any work is queued, whatever the rows hold
+        raise ViewError(f"view {spec[:60]!r}: these weights make values too large for float32 (their "
+                        f"absolute values must sum to at most {_MAX_WEIGHT_SUM:.3g}, so that any value "
+                        "a float16 shard holds stays finite); use smaller weights (e.g. ones that sum to 1)")
     return weights
 
 

@@ -105,6 +105,8 @@ def test_weighted_needs_one_weight_per_hidden_state() -> None:
     ("weighted:1,nan", "weights must be finite numbers, got nan"),
     ("weighted:1,inf", "weights must be finite numbers, got inf"),
     ("weighted:1e999", "weights must be finite numbers, got inf"),
+    ("weighted:1e99,1,1", "these weights make values too large for float32"),
+    ("weighted:3e33,-3e33", "must sum to at most 5.19e+33"),
 ])
 def test_malformed_views_say_why(spec: str, message: str) -> None:
     with pytest.raises(ViewError) as e:
@@ -153,7 +155,8 @@ def test_parse_raises_only_view_error_on_near_miss_specs(spec: str) -> None:
 
 
 ints = st.integers(min_value=-50, max_value=50)
-finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+# finite, and at most 8 of them sum under the float32-safe bound views enforce (5.19e33)
+finite = st.floats(min_value=-6e32, max_value=6e32, allow_nan=False, allow_infinity=False, width=64)
 
 valid_specs = st.one_of(
     ints.map(lambda k: (f"layer:{k}", "concat", (k,), ())),
