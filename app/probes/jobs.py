@@ -46,6 +46,7 @@ from layerbank.app.probes.heads import save_head
 from layerbank.app.probes.heads_store import HeadStore
 from layerbank.app.probes.sentence_probe import probe_sentences
 from layerbank.app.probes.sweep import ProbeInputError, fit_head
+from layerbank.app.probes.options import ProbeOptions
 from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
 from layerbank.app.probes.spans import is_bio_tag
 from layerbank.app.probes.token_probe import run_token_probe
@@ -178,10 +179,8 @@ def _run_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
         ctl.stage("fitting")
         return states
 
-    result = probe_sentences(get_states, items.labels, views=p["views"], poolings=p["poolings"],
-                             head=p["head"], cv=p["cv"], seed=p["seed"], control_task=p["control_task"],
-                             learning_curve=p["learning_curve"], train_sizes=p["train_sizes"],
-                             model=model, progress=ctl.progress, threads=1)
+    result = probe_sentences(get_states, items.labels, options=ProbeOptions.from_payload(p, threads=1),
+                             model=model, progress=ctl.progress)
     result["dataset"] = {"id": ds.id, "name": ds.name, "n_items": ds.n_items}
     result["runtime"] = _runtime()
     return result

@@ -41,6 +41,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 from threadpoolctl import threadpool_limits
 
 from layerbank.app.probes.heads import make_head
+from layerbank.app.probes.options import ProbeOptions
 from layerbank.app.probes.inputs import (
     ProbeInputError,
     check_labels,
@@ -62,7 +64,7 @@ from layerbank.app.probes.inputs import (
 from layerbank.app.probes.scalar_mix import ScalarMixHead, weighted_view_spec
 from layerbank.cache.views import parse_view
 
-__all__ = ["ProbeInputError", "fit_head", "run_probe"]
+__all__ = ["ProbeInputError", "ProbeOptions", "fit_head", "run_probe"]
 
 Folds = list[tuple[np.ndarray, np.ndarray]]
 
@@ -216,14 +218,14 @@ def _learning_sizes(train_sizes: Sequence[int], folds: Folds, n_classes: int) ->
     return sorted({int(s) for s in train_sizes if n_classes <= int(s) < smallest})
 
 
-def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | np.ndarray, *,
-              views: Sequence[str], poolings: Sequence[str] = ("mean", "cls"), head: str = "logistic",
-              cv: int = 5, seed: int = 0, control_task: bool = True, learning_curve: bool = True,
-              train_sizes: Sequence[int] = (50, 100, 200, 500, 1000),
-              model_info: dict[str, Any] | None = None,
-              progress: Callable[[int, int], None] | None = None, threads: int | None = 1,
-              n_jobs: int | None = None) -> dict[str, Any]:
+def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | np.ndarray,
+              options: ProbeOptions | None = None, *, model_info: dict[str, Any] | None = None,
+              progress: Callable[[int, int], None] | None = None, **option_fields: Any) -> dict[str, Any]:
     """Cross-validate ``head`` on every (view, pooling); see the module docstring.
+
+    ``options`` (layerbank.app.probes.options.ProbeOptions) says what to sweep;
+    its fields may be given as keywords instead (``views=..., cv=3``), or
+    override some of ``options``'.
 
     ``progress(done, total)`` is called after every fit; ``total`` is fixed
     up front (fits that turn out unnecessary are counted as done).
@@ -254,6 +256,9 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     - ``warnings`` (list of text) and ``seconds``.
     """
     started = time.perf_counter()
+    o = ProbeOptions(**option_fields) if options is None else replace(options, **option_fields)
+    views, poolings, head, cv, seed = o.views, o.poolings, o.head, o.cv, o.seed
+    control_task, learning_curve, threads = o.control_task, o.learning_curve, o.threads
     check_options(cv=cv, head=head, views=views, poolings=poolings)  # before any work
     y = check_labels(labels, cv)
     classes, counts = np.unique(y, return_counts=True)
@@ -266,7 +271,7 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     n_states, hidden = first.shape[1:]
     specs = expand_views(views, n_states)
     singles = [s for s in specs if single_layer(s, n_states) is not None]
-    sizes = _learning_sizes(train_sizes, folds, len(classes)) if learning_curve else []
+    sizes = _learning_sizes(o.train_sizes, folds, len(classes)) if learning_curve else []
     per_pooling = len(specs) * cv + (1 if "scalar_mix" in specs else 0)
     total = len(poolings) * per_pooling + (len(singles) + 1) * cv * control_task + len(sizes) * cv
     done = 0
@@ -280,7 +285,7 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     results: list[dict[str, Any]] = []
     mixes: dict[str, Any] = {}
     warned: list[str] = []
-    jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
+    jobs = default_jobs() if o.n_jobs is None else max(1, int(o.n_jobs))
     fits = _Fits(jobs, tick)
     with threadpool_limits(limits=threads), _routed_warnings(), _closing(fits):
         for i, pooling in enumerate(poolings):
