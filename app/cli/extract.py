@@ -15,7 +15,8 @@ from layerbank.workers.extract import ExtractSummary
 
 
 def add_input_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a .txt, .jsonl, .csv or .tsv file of texts")
+    p.add_argument("file", help="a .txt, .jsonl, .csv, .tsv or .parquet file of texts, or a "
+                   "Hugging Face dataset directory (save_to_disk)")
     add_flag(p, "--text-column", help="column (or JSON field) holding the text")
     add_flag(p, "--format", choices=FORMATS, help="file format (default: from the suffix)")
     add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row; "
