@@ -2,12 +2,17 @@
 
 ``probe_plot_png(result)``: accuracy by hidden state with error bars (one
 line per pooling), other views (concat, scalar mix ...) as marked points to
-the right, the control task as a dashed grey line, the best entry starred,
-chance as a dotted line and the advice thresholds dashed (0.65 and 0.85 for
-a balanced binary task; scaled from chance otherwise, see layerbank.app.probes.advice).
+the right, the control task as a dashed grey line, the best entry ringed (a
+hollow ring: the point itself stays visible; a filled star hid it), chance
+as a dotted line and the advice thresholds dashed (0.65 and 0.85 for a
+balanced binary task; scaled from chance otherwise, see
+layerbank.app.probes.advice), each line named in the legend. Titles name the
+model, never its path (layerbank.app.probes.plot_text.model_label).
 
 ``learning_curve_png(result)``: accuracy of the best view against the
-number of training examples (log axis), mean ± std over folds.
+number of training examples (log axis), mean ± std over folds; the value
+labels are moved apart until none overlaps another or covers a point
+(plot_text.untangle).
 
 ``probe_figure`` / ``learning_curve_figure`` return the ``Figure`` itself
 (for tests and notebooks). Figures are built on ``matplotlib.figure.Figure``
@@ -24,6 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from layerbank.app.probes.advice import thresholds
+from layerbank.app.probes.plot_text import model_label, untangle
 
 __all__ = ["learning_curve_figure", "learning_curve_png", "probe_figure", "probe_plot_png"]
 
@@ -44,22 +50,23 @@ def _short(view: str) -> str:
 
 
 def _references(ax: Axes, result: dict[str, Any]) -> None:
-    """Chance (dotted) and the advice thresholds (dashed), labelled at the right."""
+    """Chance (dotted) and the advice thresholds (dashed), named in the legend.
+
+    In the legend, not written on the lines: with many classes chance and
+    the lower threshold sit close together and their labels overlapped."""
     chance = result["task"]["chance_accuracy"]
     low, high = thresholds(chance)
-    ax.axhline(chance, color="grey", linestyle=":", linewidth=1)
-    ax.axhline(low, color="firebrick", linestyle="--", linewidth=1, alpha=0.7)
-    ax.axhline(high, color="seagreen", linestyle="--", linewidth=1, alpha=0.7)
-    for y, text, color in ((chance, f"chance (most frequent class) {chance:.3f}", "grey"),
-                           (low, f"{low:.3g}: fine-tuning likely worth it below", "firebrick"),
-                           (high, f"{high:.3g}: fine-tuning likely adds little above", "seagreen")):
-        ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=8, color=color)
+    ax.axhline(chance, color="grey", linestyle=":", linewidth=1,
+               label=f"chance (most frequent class): {chance:.3f}")
+    ax.axhline(low, color="firebrick", linestyle="--", linewidth=1, alpha=0.7,
+               label=f"{low:.3g}: below, fine-tuning is likely worth it")
+    ax.axhline(high, color="seagreen", linestyle="--", linewidth=1, alpha=0.7,
+               label=f"{high:.3g}: above, fine-tuning likely adds little")
 
 
 def _title(result: dict[str, Any], what: str) -> str:
     task, model = result["task"], result.get("model") or {}
-    name = model.get("name", "encoder")
+    name = model_label(model)
     return (f"{what}: {name}, {task['head']} head\n{task['n_examples']:,} examples, "
             f"{len(task['classes'])} classes, {task['cv']}-fold CV")
 
@@ -82,7 +89,7 @@ def probe_figure(result: dict[str, Any]) -> Figure:
             ax.errorbar([r["layer"] for r in layers], [r["accuracy"]["mean"] for r in layers],
                         yerr=[r["accuracy"]["std"] for r in layers], color=color, marker=marker,
                         capsize=3, linewidth=1.8, label=f"{pooling} pooling")
-        offset = (i - (len(poolings) - 1) / 2) * 0.12
+        offset = _offset(i, len(poolings))
         for r in rows:
             if r["layer"] is None:
                 ax.errorbar(position[r["view"]] + offset, r["accuracy"]["mean"], yerr=r["accuracy"]["std"],
@@ -100,9 +107,9 @@ def probe_figure(result: dict[str, Any]) -> Figure:
         lows += [r["control_accuracy"] for r in control["results"]]
     best = result["best"]
     best_x = best["layer"] if best["layer"] is not None else position[best["view"]]
-    ax.plot(best_x, best["accuracy"], marker="*", markersize=18, color="gold", markeredgecolor="black",
-            linestyle="none", zorder=5, label=f"best: {_short(best['view'])}, {best['pooling']} "
-                                              f"({best['accuracy']:.3f})")
+    best_x += _offset(poolings.index(best["pooling"]), len(poolings)) if best["layer"] is None else 0.0
+    _mark_best(ax, best_x, best["accuracy"], f"best: {_short(best['view'])}, {best['pooling']} "
+                                             f"({best['accuracy']:.3f})")
     _references(ax, result)
     ticks = list(range(n_states)) + [position[v] for v in others]
     labels = [str(k) for k in range(n_states)] + [_short(v) for v in others]
@@ -117,6 +124,17 @@ def probe_figure(result: dict[str, Any]) -> Figure:
     fig.legend(loc="outside lower center", ncols=3, fontsize=9, frameon=False)
     ax.set_title(_title(result, "Probe accuracy by layer"))
     return fig
+
+
+def _offset(i: int, n: int) -> float:
+    """x shift of pooling ``i`` of ``n`` at a non-layer view, so their points sit side by side."""
+    return (i - (n - 1) / 2) * 0.12
+
+
+def _mark_best(ax: Axes, x: float, y: float, label: str) -> None:
+    """A hollow gold ring around the best point, under the data: the point stays visible."""
+    ax.plot(x, y, marker="o", markersize=17, markerfacecolor="none", markeredgecolor="goldenrod",
+            markeredgewidth=2.5, linestyle="none", zorder=1.5, label=label)
 
 
 def learning_curve_figure(result: dict[str, Any]) -> Figure:
@@ -140,18 +158,20 @@ def learning_curve_figure(result: dict[str, Any]) -> Figure:
                 label=f"{_short(curve['view'])}, {curve['pooling']} pooling")
     f1 = [p["macro_f1"]["mean"] for p in points]
     ax.plot(xs, f1, color="tab:orange", marker=".", linestyle="-", alpha=0.8, label="macro-F1")
-    for p in points:
-        ax.annotate(f"{p['accuracy']['mean']:.3f}", (p["train_size"], p["accuracy"]["mean"]),
-                    xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=8)
+    labels = [ax.annotate(f"{p['accuracy']['mean']:.3f}", (p["train_size"], p["accuracy"]["mean"]),
+                          xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=8)
+              for p in points]
     ax.set_xscale("log")
     ax.set_xticks(xs, [f"{x:,}" + ("\n(all)" if p["label"] == "all" else "") for x, p in zip(xs, points)])
     ax.minorticks_off()
     _references(ax, result)
     ax.set_ylim(max(0.0, min(min(f1), min(m - s for m, s in zip(mean, std)),
-                             result["task"]["chance_accuracy"]) - 0.05), 1.02)
+                             result["task"]["chance_accuracy"]) - 0.05), 1.06)  # room for labels
     ax.grid(True, alpha=0.3)
     fig.legend(loc="outside lower center", ncols=2, fontsize=9, frameon=False)
     ax.set_title(_title(result, "Learning curve of the best view"))
+    FigureCanvasAgg(fig)
+    untangle(fig, labels, [(x, m) for x, m in zip(xs, mean)] + [(x, f) for x, f in zip(xs, f1)])
     return fig
 
 

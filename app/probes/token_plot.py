@@ -4,8 +4,10 @@ One figure: the probe's score by hidden state (entity F1 for BIO tags, else
 word accuracy), word accuracy beside it, the control task's word accuracy
 (a fixed random tag per word type) dashed grey, and selectivity as the gap;
 views that are not one layer (concat, scalar mix ...) as marked points to the
-right; the best view starred. Built like layerbank.app.probes.plots: a ``Figure`` on an Agg
-canvas, never pyplot.
+right; the best view ringed (hollow, so its point stays visible). The title
+names the model, not its path; views whose fits did not converge are marked
+``!`` on the axis and named in the legend. Built like layerbank.app.probes.plots:
+a ``Figure`` on an Agg canvas, never pyplot.
 
 Example::
 
@@ -21,6 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from layerbank.app.probes.inputs import single_layer
+from layerbank.app.probes.plot_text import model_label
 
 __all__ = ["token_probe_figure", "token_probe_png"]
 
@@ -62,14 +65,21 @@ def token_probe_figure(result: dict[str, Any]) -> Figure:
                     label=None if layers else label)
         lows += [r[key] for r in rows]
     best = next(r for r in rows if r["view"] == result["best"])
-    ax.plot(x_of[best["view"]], best[metric], marker="*", markersize=18, color="gold",
-            markeredgecolor="black", linestyle="none", zorder=5,
+    # a hollow ring under the data, not a filled star over it: the best point stays visible
+    ax.plot(x_of[best["view"]], best[metric], marker="o", markersize=17, markerfacecolor="none",
+            markeredgecolor="goldenrod", markeredgewidth=2.5, linestyle="none", zorder=1.5,
             label=f"best: {_short(best['view'])} ({metric_name} {best[metric]:.3f})")
     if best["selectivity"] is not None:
         ax.annotate(f"selectivity {best['selectivity']:.3f}", (x_of[best["view"]], best["control_accuracy"]),
                     xytext=(6, -14), textcoords="offset points", fontsize=8, color="dimgrey")
     ticks = list(range(n_states)) + [position[r["view"]] for r in others]
-    labels = [str(k) for k in range(n_states)] + [_short(r["view"]) for r in others]
+    stopped = {r["view"] for r in rows if not r.get("converged", True)}
+    by_layer = {int(x_of[r["view"]]): r["view"] for r in layers}
+    labels = [str(k) + (" !" if by_layer.get(k) in stopped else "") for k in range(n_states)] + \
+        [_short(r["view"]) + (" !" if r["view"] in stopped else "") for r in others]
+    if stopped:
+        ax.plot([], [], linestyle="none", label=f"! did not converge ({len(stopped)} of {len(rows)} views; "
+                                                "scores may be understated)")
     ax.set_xticks(ticks, labels, rotation=20 if others else 0)
     if others:
         ax.axvline(n_states - 0.25, color="lightgrey", linewidth=1)
@@ -77,7 +87,7 @@ def token_probe_figure(result: dict[str, Any]) -> Figure:
     ax.set_ylabel(f"score on the validation words ({metric_name} and accuracies)")
     ax.set_ylim(max(0.0, min(lows) - 0.05), 1.02)
     ax.grid(True, axis="y", alpha=0.3)
-    model = (result.get("model") or {}).get("name", "encoder")
+    model = model_label(result.get("model"))
     n = result["n_words"]
     ax.set_title(f"Token probe by layer: {model}, linear tagger on {result.get('word_mode', 'first')}-sub-token "
                  f"word states\n{n['train']:,} training words, {n['valid']:,} validation words, "
