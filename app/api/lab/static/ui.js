@@ -10,7 +10,7 @@ export function h(tag, attrs = {}, ...children) {
     else if (k === "text") el.textContent = v;
     else el.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -22,7 +22,7 @@ export const main = () => document.getElementById("main");
 export function page(title, ...children) {
   document.title = `${title} · layerbank lab`;
   const m = main();
-  m.replaceChildren(h("h1", {}, title), ...children);
+  m.replaceChildren(h("h1", {}, title), ...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
   return m;
 }
 
@@ -83,7 +83,10 @@ export async function guard(fn) {
     await fn();
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) askKey(err);
-    else showError(main(), err);
+    else {
+      if (!(err instanceof ApiError)) console.error(err);  // a bug in the page, not an answer of the API
+      showError(main(), err);
+    }
   }
 }
 
@@ -108,7 +111,7 @@ export function progressBar(job) {
 export function sortableTable(caption, columns, rows, { sortBy = null, desc = true, rowAttrs } = {}) {
   let key = sortBy, down = desc;
   const table = h("table", { class: "data" });
-  const render = () => {
+  const render = (refocus = false) => {
     const col = columns.find((c) => c.key === key);
     const sorted = col ? [...rows].sort((a, b) => {
       const x = col.value(a), y = col.value(b);
@@ -122,7 +125,7 @@ export function sortableTable(caption, columns, rows, { sortBy = null, desc = tr
         class: c.numeric ? "num" : null });
       if (c.value) {
         th.append(h("button", { type: "button", class: "sort", "data-key": c.key,
-          onclick: () => { if (key === c.key) down = !down; else { key = c.key; down = !!c.numeric; } render(); } },
+          onclick: () => { if (key === c.key) down = !down; else { key = c.key; down = !!c.numeric; } render(true); } },
           c.label, h("span", { "aria-hidden": "true" }, c.key === key ? (down ? " ▼" : " ▲") : " ↕")));
       } else th.append(c.label);
       return th;
@@ -130,6 +133,8 @@ export function sortableTable(caption, columns, rows, { sortBy = null, desc = tr
     table.replaceChildren(h("caption", {}, caption), h("thead", {}, head),
       h("tbody", {}, sorted.map((r) => h("tr", rowAttrs ? rowAttrs(r) : {},
         columns.map((c) => h("td", { class: c.numeric ? "num" : null }, c.cell ? c.cell(r) : String(c.value(r))))))));
+    // the header was rebuilt: keep the keyboard where it was
+    if (refocus) table.querySelector(`button.sort[data-key="${key}"]`).focus();
   };
   render();
   return h("div", { class: "table-wrap" }, table);
