@@ -9,11 +9,19 @@ training words' states and scores it on the validation words:
   BIO, e.g. part-of-speech) only word accuracy, and f1/precision/recall None;
 - a **control task** (Hewitt & Liang, 2019): every word type (the exact word
   string) gets a fixed random tag drawn from the training tag distribution;
-  the same head is trained and scored on those tags, and
-  ``selectivity = word_accuracy - control_accuracy``. A high selectivity says
-  the states encode the task, not just the identity of the word. The draw for
-  a word depends only on ``seed`` and the word, so it is reproducible and the
-  same in train and valid.
+  the same head is trained and scored on those tags **with the task's own
+  metric** (entity F1 for BIO tags, macro-F1 otherwise), and
+  ``selectivity = task metric - control metric`` (``selectivity_accuracy``
+  is the same on word accuracy). Word accuracy alone says little here: ``O``
+  is ~80% of CoNLL words, so a control head that answers mostly ``O`` scores
+  0.82-0.88 and accuracy selectivity is noise. A high selectivity says the
+  states encode the task, not just the identity of the word. The draw for a
+  word depends only on ``seed`` and the word, so it is reproducible and the
+  same in train and valid;
+- **MDL** (``mdl=True``, layerbank.app.probes.mdl): the online codelength of
+  the covered training words' tags given each view's states, in kbits, and
+  the compression (uniform / online); the same for the control tags. Not
+  for ``scalar_mix`` (its features are learnt with the head).
 
 Views: ``"each_layer"`` expands to ``layer:0 .. layer:L``; any other string
 is a layerbank.cache.views spec (``layer:-2``, ``concat_last_4``, ``mean_all``,
@@ -34,8 +42,10 @@ read, so they may hold anything.
 The result is JSON-serializable::
 
     {"rows": [{"view", "f1", "precision", "recall", "word_accuracy",
-               "fit_seconds", "control_accuracy", "selectivity",
-               "control_fit_seconds", "converged", "per_type"}, ...],
+               "fit_seconds", "control_accuracy", "control_f1" | "control_macro_f1",
+               "selectivity", "selectivity_accuracy", "control_fit_seconds",
+               "converged", "per_type", "macro_f1", "mdl": {"online_kbits",
+               "compression", "control_compression", "seconds", ...}}, ...],
      "best": "layer:3", "metric": "f1", "tags": [...], "n_words": {...},
      "n_uncovered": {...}, "n_hidden_states": H, "hidden_size": d,
      "warnings": ["layer:0: the tagger stopped at max_iter (200) before converging", ...], ...}
@@ -60,9 +70,11 @@ from typing import Any, Protocol
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import f1_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from layerbank.app.probes.mdl import online_codelength
 from layerbank.app.probes.scalar_mix import ScalarMixHead, weighted_view_spec
 from layerbank.app.probes.spans import check_bio, span_scores, word_accuracy
 from layerbank.cache.views import View, parse_view
@@ -196,6 +208,26 @@ def _fit_predict(
     return head.predict(x_valid), seconds, converged, head
 
 
+def _mdl_row(x: np.ndarray, y: np.ndarray, y_control: np.ndarray | None, n_tags: int, *, seed: int,
+             C: float, max_iter: int) -> dict[str, Any]:
+    """Online codelength of the tags (and of the control tags) given ``x``."""
+    start = time.perf_counter()
+    task = online_codelength(x, y, n_tags, seed=seed, C=C, max_iter=max_iter)
+    control = None
+    if y_control is not None:
+        control = online_codelength(x, y_control, n_tags, seed=seed, C=C, max_iter=max_iter)
+    return {
+        "online_kbits": round(task["online_bits"] / 1000, 3),
+        "uniform_kbits": round(task["uniform_bits"] / 1000, 3),
+        "compression": task["compression"],
+        "control_online_kbits": None if control is None else round(control["online_bits"] / 1000, 3),
+        "control_compression": None if control is None else control["compression"],
+        "dropped_dims": task["dropped_dims"],
+        "converged": task["converged"] and (control is None or control["converged"]),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
 def _split(flat: np.ndarray, like: Sequence[Sequence[str]]) -> list[list[str]]:
     out, pos = [], 0
     for sentence in like:
@@ -215,6 +247,7 @@ def run_token_probe(
     mix_rounds: int = 10,
     C: float = 1.0,
     span_f1: bool = True,
+    mdl: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Fit and score a linear word tagger per view; see the module docstring.
@@ -242,10 +275,21 @@ def run_token_probe(
     x_va_all = va_states if va_cov.all() else va_states[va_cov]
     gold = [list(t) for t in valid.tags]
 
-    if control_task:
+    if control_task or mdl:
         counts = Counter(str(t) for t in tr_tags)
         ctl_tr = control_tags([w for s in train.words for w in s], counts, seed)
         ctl_va = control_tags([w for s in valid.words for w in s], counts, seed)
+    tag_index = {tag: i for i, tag in enumerate(sorted({str(t) for t in tr_tags}))}
+
+    def indices(tags: np.ndarray) -> np.ndarray:
+        return np.array([tag_index[str(t)] for t in tags], dtype=np.int64)
+
+    def metric_of(gold_flat: np.ndarray, predicted_flat: np.ndarray) -> float:
+        # the task's own metric: entity F1 over sentences for BIO tags, else macro-F1 over words
+        if span_f1:
+            return span_scores(_split(gold_flat, valid.tags), _split(predicted_flat, valid.tags)).f1
+        return float(f1_score(gold_flat.astype(str), predicted_flat.astype(str), average="macro",
+                              zero_division=0))
 
     def full_prediction(predicted_covered: np.ndarray) -> np.ndarray:
         full = np.full(va_tags.shape[0], UNCOVERED_TAG, dtype=object)
@@ -291,6 +335,7 @@ def run_token_probe(
         else:
             row.update(f1=None, precision=None, recall=None)
             row["word_accuracy"] = word_accuracy(gold, predicted)
+        row["macro_f1"] = metric_of(va_tags, full_prediction(pred)) if not span_f1 else None
         row["fit_seconds"] = seconds
         row["converged"] = converged
         row["mix"] = None
@@ -301,7 +346,9 @@ def run_token_probe(
                 "weighted_view": weighted_view_spec(head),
                 "rounds": int(head.n_iter_),
             }
-        row.update(control_accuracy=None, selectivity=None, control_fit_seconds=None)
+        control_key = "control_f1" if span_f1 else "control_macro_f1"
+        row.update({"control_accuracy": None, control_key: None, "selectivity": None,
+                    "selectivity_accuracy": None, "control_fit_seconds": None})
         if control_task:
             c_pred, c_seconds, c_converged, _ = _fit_predict(
                 x_tr, ctl_tr[tr_cov], x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds
@@ -309,13 +356,25 @@ def run_token_probe(
             tick()
             if not c_converged:
                 warned.append(not_converged(name, "the control task's head", mix))
-            c_acc = float(np.mean(full_prediction(c_pred) == ctl_va)) if ctl_va.size else 0.0
-            row.update(
-                control_accuracy=c_acc,
-                selectivity=row["word_accuracy"] - c_acc,
-                control_fit_seconds=c_seconds,
-            )
+            c_full = full_prediction(c_pred)
+            c_acc = float(np.mean(c_full == ctl_va)) if ctl_va.size else 0.0
+            c_metric = metric_of(ctl_va, c_full)
+            task_metric = row["f1"] if span_f1 else row["macro_f1"]
+            row.update({
+                "control_accuracy": c_acc,
+                control_key: c_metric,
+                "selectivity": task_metric - c_metric,
+                "selectivity_accuracy": row["word_accuracy"] - c_acc,
+                "control_fit_seconds": c_seconds,
+            })
             row["converged"] = converged and c_converged
+        row["mdl"] = None
+        if mdl and not mix:  # a scalar mix has no fixed features to code with
+            row["mdl"] = _mdl_row(x_tr, indices(tr_tags[tr_cov]),
+                                  indices(ctl_tr[tr_cov]) if control_task else None,
+                                  len(tag_index), seed=seed, C=C, max_iter=max_iter)
+            if not row["mdl"]["converged"]:
+                warned.append(f"{name}: an MDL block's fit stopped at max_iter ({max_iter}) before converging")
         rows.append(row)
 
     metric = "f1" if span_f1 else "word_accuracy"

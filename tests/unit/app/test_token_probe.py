@@ -64,8 +64,18 @@ def test_the_layer_carrying_the_tag_wins_and_the_control_task_stays_near_chance(
     chance = max(Counter(valid_control).values()) / len(valid_control)
     for row in rows.values():
         assert row["control_accuracy"] <= chance + 0.1, row
-        assert row["selectivity"] == pytest.approx(row["word_accuracy"] - row["control_accuracy"])
-    assert best["selectivity"] > 0.4
+        # selectivity on the task's metric (entity F1), and on word accuracy beside it
+        assert row["selectivity"] == pytest.approx(row["f1"] - row["control_f1"])
+        assert row["selectivity_accuracy"] == pytest.approx(row["word_accuracy"] - row["control_accuracy"])
+        assert 0.0 <= row["control_f1"] < 0.3, row
+    assert best["selectivity"] > 0.6
+    # MDL: only the carrier compresses the tags; no layer compresses the word-type control tags
+    for name, row in rows.items():
+        assert row["mdl"]["uniform_kbits"] > row["mdl"]["online_kbits"] > 0, row
+        assert row["mdl"]["control_compression"] < 1.2, row
+        if name != f"layer:{CARRIER}":
+            assert row["mdl"]["compression"] < 1.3, row
+    assert best["mdl"]["compression"] > 2.0
     assert result["n_uncovered"] == {"train": 0, "valid": 0}
     assert result["tags"] == sorted(TAGS)
 
@@ -186,6 +196,28 @@ def test_control_task_is_learned_where_states_identify_the_word():
     noise, identity = result["rows"]
     assert identity["control_accuracy"] > 0.9
     assert noise["control_accuracy"] < 0.7
+    # scored with the task's metric too: the word-identity layer recovers the control entities
+    assert identity["control_f1"] > 0.8 and noise["control_f1"] < 0.5
+    assert identity["mdl"]["control_compression"] > 1.5 > noise["mdl"]["control_compression"]
+
+
+def test_an_mdl_fit_stopped_at_max_iter_is_warned_about(splits):
+    train, valid = splits
+    result = run_token_probe(train, valid, views=[f"layer:{CARRIER}"], max_iter=2, control_task=False)
+    assert result["rows"][0]["mdl"]["converged"] is False
+    assert f"layer:{CARRIER}: an MDL block's fit stopped at max_iter (2) before converging" in result["warnings"]
+
+
+def test_non_bio_tags_are_scored_with_macro_f1(splits):
+    train, valid = splits
+    relabel = {"O": "NN", "B-PER": "VB", "I-PER": "VB", "B-LOC": "JJ", "I-LOC": "JJ"}
+    pos = [WordStates(s.states, s.words, [[relabel.get(t, "NN") for t in x] for x in s.tags])
+           for s in (train, valid)]
+    result = run_token_probe(*pos, views=["layer:0", f"layer:{CARRIER}"], span_f1=False, mdl=False)
+    noise, carrier = result["rows"]
+    assert carrier["macro_f1"] > 0.9 > noise["macro_f1"]
+    assert carrier["selectivity"] == pytest.approx(carrier["macro_f1"] - carrier["control_macro_f1"])
+    assert "control_f1" not in carrier
 
 
 def test_a_single_control_tag_is_predicted_without_fitting(splits):
@@ -214,7 +246,7 @@ def test_fits_stopped_at_max_iter_are_warned_about_in_the_result_and_the_table(s
 
     train, valid = splits
     ticks: list[tuple[int, int]] = []
-    result = run_token_probe(train, valid, views=["layer:0", f"layer:{CARRIER}"], max_iter=2,
+    result = run_token_probe(train, valid, views=["layer:0", f"layer:{CARRIER}"], max_iter=2, mdl=False,
                              progress=lambda done, total: ticks.append((done, total)))
     # a tagger and a control head per view, each a tick, after a (0, total) start
     assert ticks == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
