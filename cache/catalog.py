@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .poolings import LEGACY_POOLINGS
+
 __all__ = ["Catalog", "Entry"]
 
 _SCHEMA = """
@@ -37,6 +39,12 @@ CREATE TABLE IF NOT EXISTS models (
     fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL, info TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+# versioned changes of the shards and entries tables (cache/migrations.py); append only
+_SHARD_STEPS = [
+    # the poolings a shard holds, comma-separated; NULL in a catalog made before this
+    # column until FeatureStore fills it in from the shard file
+    "ALTER TABLE shards ADD COLUMN poolings TEXT",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class Entry:
     n_tokens: int
     truncated: bool
     has_tokens: bool
+    poolings: tuple[str, ...] = LEGACY_POOLINGS  # what its shard holds
 
 
 class Catalog:
@@ -58,6 +67,9 @@ class Catalog:
         self.path = str(path)
         self._local = threading.local()
         self.conn().executescript(_SCHEMA)
+        from .migrations import migrate  # it imports Catalog
+
+        migrate(self, "shards", _SHARD_STEPS)
 
     # -- connections ------------------------------------------------------
     def conn(self) -> sqlite3.Connection:
@@ -86,7 +98,8 @@ class Catalog:
     # -- shards and entries ----------------------------------------------
     def commit_shard(self, name: str, model: str, config: str, keys: Sequence[str],
                      n_tokens: Sequence[int], truncated: Sequence[bool], *,
-                     has_tokens: bool, n_bytes: int, replaces: Sequence[str] = ()) -> None:
+                     has_tokens: bool, n_bytes: int, replaces: Sequence[str] = (),
+                     poolings: Sequence[str] | None = None) -> None:
         """Register a durable shard and point its keys at it, atomically.
 
         ``replaces`` names shards whose rows this one takes over (compaction):
@@ -94,20 +107,28 @@ class Catalog:
 
         Re-committing the same name (a re-run of the same job part) replaces
         the earlier registration. A key already stored with token-level states
-        is not repointed to a shard without them.
+        is not repointed to a shard without them, unless this shard holds a
+        pooling the old one lacks (then the key was re-encoded for that pooling,
+        docs/decisions.md). ``poolings``: what the shard holds (None: unknown,
+        read as the three every shard held before shards recorded them).
         """
         rows = [(k, name, i, int(t), int(bool(tr)), int(has_tokens))
                 for i, (k, t, tr) in enumerate(zip(keys, n_tokens, truncated))]
+        held = None if poolings is None else ",".join(poolings)
         with self.tx() as db:
             db.execute("DELETE FROM entries WHERE shard = ?", (name,))
             db.execute("DELETE FROM shards WHERE name = ?", (name,))
-            db.execute("INSERT INTO shards VALUES (?,?,?,?,?,?,?)",
-                       (name, model, config, len(rows), int(n_bytes), int(has_tokens), time.time()))
+            db.execute("INSERT INTO shards (name, model, config, n_rows, n_bytes, has_tokens, created, "
+                       "poolings) VALUES (?,?,?,?,?,?,?,?)",
+                       (name, model, config, len(rows), int(n_bytes), int(has_tokens), time.time(), held))
+            gaining = [] if has_tokens or poolings is None else self._gaining(db, rows, set(poolings))
             db.executemany(
                 "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
                 "shard=excluded.shard, row=excluded.row, n_tokens=excluded.n_tokens, "
                 "truncated=excluded.truncated, has_tokens=excluded.has_tokens "
                 "WHERE excluded.has_tokens >= entries.has_tokens", rows)
+            db.executemany("UPDATE entries SET shard=?, row=?, n_tokens=?, truncated=?, has_tokens=? "
+                           "WHERE key=?", [(r[1], r[2], r[3], r[4], r[5], r[0]) for r in gaining])
             # a shard whose every key moved elsewhere holds nothing readable
             db.execute("DELETE FROM shards WHERE name NOT IN (SELECT DISTINCT shard FROM entries)"
                        " AND name = ?", (name,))
@@ -115,37 +136,63 @@ class Catalog:
                 db.execute("DELETE FROM shards WHERE name = ? AND name NOT IN "
                            "(SELECT DISTINCT shard FROM entries)", (old,))
 
-    def lookup(self, keys: Iterable[str], need_tokens: bool = False) -> dict[str, Entry]:
-        """Entries for the keys that are stored (with token states if asked)."""
+    @staticmethod
+    def _gaining(db: sqlite3.Connection, rows: list[tuple], new: set[str]) -> list[tuple]:
+        """Rows whose key now sits with token states in a shard that lacks one of ``new``."""
+        old: dict[str, str | None] = {}
+        for i in range(0, len(rows), 900):  # SQLite host-parameter limit
+            chunk = [r[0] for r in rows[i : i + 900]]
+            old.update(db.execute("SELECT e.key, s.poolings FROM entries e JOIN shards s ON s.name = e.shard "
+                                  f"WHERE e.has_tokens = 1 AND e.key IN ({','.join('?' * len(chunk))})",
+                                  chunk).fetchall())
+        return [r for r in rows if r[0] in old and not new <= set(_held(old[r[0]]))]
+
+    def lookup(self, keys: Iterable[str], need_tokens: bool = False,
+               poolings: Iterable[str] = ()) -> dict[str, Entry]:
+        """Entries for the keys that are stored (with token states if asked, and
+        in a shard that holds every one of ``poolings``: a pooling a shard lacks is a miss)."""
+        need = set(poolings)
         out: dict[str, Entry] = {}
         keys = list(dict.fromkeys(keys))
         db = self.conn()
         for i in range(0, len(keys), 900):  # SQLite host-parameter limit
             chunk = keys[i : i + 900]
-            q = ("SELECT key, shard, row, n_tokens, truncated, has_tokens FROM entries "
-                 f"WHERE key IN ({','.join('?' * len(chunk))})")
-            for k, s, r, n, t, h in db.execute(q, chunk):
-                if need_tokens and not h:
+            q = ("SELECT e.key, e.shard, e.row, e.n_tokens, e.truncated, e.has_tokens, s.poolings "
+                 "FROM entries e JOIN shards s ON s.name = e.shard "
+                 f"WHERE e.key IN ({','.join('?' * len(chunk))})")
+            for k, s, r, n, t, h, p in db.execute(q, chunk):
+                held = _held(p)
+                if (need_tokens and not h) or not need <= set(held):
                     continue
-                out[k] = Entry(k, s, r, n, bool(t), bool(h))
+                out[k] = Entry(k, s, r, n, bool(t), bool(h), held)
         return out
 
     def shard_names(self) -> set[str]:
         return {r[0] for r in self.conn().execute("SELECT name FROM shards")}
 
     def shard_info(self, name: str) -> dict | None:
-        r = self.conn().execute("SELECT name, model, config, n_rows, n_bytes, has_tokens "
+        r = self.conn().execute("SELECT name, model, config, n_rows, n_bytes, has_tokens, poolings "
                                 "FROM shards WHERE name = ?", (name,)).fetchone()
         if r is None:
             return None
-        return dict(zip(("name", "model", "config", "n_rows", "n_bytes", "has_tokens"), r))
+        info = dict(zip(("name", "model", "config", "n_rows", "n_bytes", "has_tokens"), r))
+        return {**info, "poolings": _held(r[6])}
+
+    def shards_without_poolings(self) -> list[str]:
+        """Shards registered before the catalog recorded poolings (FeatureStore fills them in)."""
+        return [r[0] for r in self.conn().execute("SELECT name FROM shards WHERE poolings IS NULL")]
+
+    def set_poolings(self, name: str, poolings: Sequence[str]) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE shards SET poolings = ? WHERE name = ?", (",".join(poolings), name))
 
     def small_shards(self, max_rows: int) -> list[dict]:
         """Committed pooled-only shards under ``max_rows`` rows (compaction input)."""
         rows = self.conn().execute(
-            "SELECT name, model, config, n_rows FROM shards WHERE has_tokens = 0 AND n_rows < ? "
+            "SELECT name, model, config, n_rows, poolings FROM shards WHERE has_tokens = 0 AND n_rows < ? "
             "ORDER BY created", (max_rows,)).fetchall()
-        return [dict(zip(("name", "model", "config", "n_rows"), r)) for r in rows]
+        return [{**dict(zip(("name", "model", "config", "n_rows"), r)), "poolings": _held(r[4])}
+                for r in rows]
 
     def live_rows(self, shard: str) -> list[tuple[str, int, int, bool]]:
         """(key, row, n_tokens, truncated) of the keys that still point at ``shard``."""
@@ -186,6 +233,11 @@ class Catalog:
     def counter(self, name: str) -> int:
         r = self.conn().execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
         return 0 if r is None else int(r[0])
+
+
+def _held(poolings: str | None) -> tuple[str, ...]:
+    """A shard's poolings column as names; NULL (not yet read from the file) is the legacy three."""
+    return LEGACY_POOLINGS if poolings is None else tuple(p for p in poolings.split(",") if p)
 
 
 class _Tx:

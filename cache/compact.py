@@ -10,6 +10,8 @@ looked a key up just before the commit and opens a deleted file gets its
 rows from the new shard (FeatureStore.read_pooled looks the keys up again).
 
 Shards with token-level states are left alone: they are large already.
+Only shards holding the same poolings are merged together (a data directory
+whose poolings setting changed holds both kinds; docs/decisions.md).
 
 Example::
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .keys import ExtractionConfig
-from .shard import POOLINGS, CorruptShardError, ShardContents, ShardReader
+from .shard import CorruptShardError, ShardContents, ShardReader
 from .store import FeatureStore
 
 __all__ = ["compact", "CompactSummary"]
@@ -45,10 +47,10 @@ def compact(store: FeatureStore, *, max_rows: int = 256, target_rows: int = 4096
     directory lock): compaction is a write.
     """
     summary = CompactSummary()
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
     for s in store.catalog.small_shards(max_rows):
-        groups.setdefault((s["model"], s["config"]), []).append(s["name"])
-    for (model, config), names in groups.items():
+        groups.setdefault((s["model"], s["config"], s["poolings"]), []).append(s["name"])
+    for (model, config, poolings), names in groups.items():
         batch: list[str] = []
         rows = 0
         for name in names + [""]:  # "" flushes the last batch
@@ -57,17 +59,17 @@ def compact(store: FeatureStore, *, max_rows: int = 256, target_rows: int = 4096
                 rows += store.catalog.shard_info(name)["n_rows"]  # type: ignore[index]
             if batch and (not name or rows >= target_rows):
                 if len(batch) > 1:
-                    _merge(store, batch, model, config, summary)
+                    _merge(store, batch, model, config, poolings, summary)
                 batch, rows = [], 0
     return summary
 
 
-def _merge(store: FeatureStore, names: list[str], model: str, config: str,
+def _merge(store: FeatureStore, names: list[str], model: str, config: str, poolings: tuple[str, ...],
            summary: CompactSummary) -> None:
     keys: list[str] = []
     n_tokens: list[int] = []
     truncated: list[bool] = []
-    pooled: dict[str, list[np.ndarray]] = {p: [] for p in POOLINGS}
+    pooled: dict[str, list[np.ndarray]] = {p: [] for p in poolings}
     merged: list[str] = []
     for name in names:
         live = store.catalog.live_rows(name)
@@ -81,14 +83,14 @@ def _merge(store: FeatureStore, names: list[str], model: str, config: str,
             if got != [k for k, _, _, _ in live]:
                 raise CorruptShardError(reader.path, "rows do not hold the keys the catalog lists")
             # keep the stored dtype: compaction must not change a single bit
-            blocks = {p: reader.read_pooled(rows, p) for p in POOLINGS}
+            blocks = {p: reader.read_pooled(rows, p) for p in poolings}
         except CorruptShardError as e:
             store.quarantine(name, str(e))
             summary.quarantined += 1
             continue
         finally:
             reader.close()
-        for p in POOLINGS:
+        for p in poolings:
             pooled[p].append(blocks[p])
         keys += [k for k, _, _, _ in live]
         n_tokens += [n for _, _, n, _ in live]

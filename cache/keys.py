@@ -12,11 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
-__all__ = ["ExtractionConfig", "text_key", "STORAGE_DTYPES", "PRECISIONS"]
+__all__ = ["ExtractionConfig", "text_key", "STORAGE_DTYPES", "PRECISIONS", "PRECISION_CHOICES",
+           "PrecisionChoice"]
 
 STORAGE_DTYPES = ("float16", "float32")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")  # the modes a key records
+# what a user may ask for: the modes, and two that resolve to one of them on the
+# machine at hand (workers/precision.py); the API, the CLI and the settings read this list
+PRECISION_CHOICES = ("default", "auto") + PRECISIONS
+PrecisionChoice = Literal[PRECISION_CHOICES]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ Layout (documented for users in docs/storage.md)::
     /n_tokens           [n]          int32 tokens the encoder saw (after truncation)
     /truncated          [n]          uint8 1 when the text was cut at max_length
     /pooled/{mean,cls,max} [n, H, d] float16|float32, H = L + 1 hidden states
+                                     (one dataset per pooling the shard holds;
+                                     attribute ``poolings`` lists them)
     /tokens/offsets     [n + 1]      int64 row i owns token rows offsets[i]:offsets[i+1]
     /tokens/layer_{i}   [T, d]       token states of hidden state i
     /tokens/ids         [T]          int32 token ids
@@ -31,13 +33,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from .poolings import DEFAULT_POOLINGS, POOLING_NAMES, parse_poolings
 from .space import ShardWriteError, as_write_error, check_room, estimate_bytes
 
 __all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "CorruptShardError",
            "FORMAT_VERSION", "POOLINGS", "StorageRangeError", "ShardWriteError", "fsync_dir"]
 
 FORMAT_VERSION = 1
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = parse_poolings(DEFAULT_POOLINGS)  # what a shard holds unless the poolings setting says otherwise
 _CHUNK_BYTES = 64 * 1024  # small chunks: a one-row read decompresses little
 
 
@@ -145,6 +148,7 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
             if contents.tokens is not None:
                 _write_tokens(f.create_group("tokens"), contents.tokens, dtype)
             f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["poolings"] = ",".join(contents.pooled)
             for k, v in contents.attrs.items():
                 f.attrs[k] = v
             f.flush()
@@ -244,6 +248,16 @@ class ShardReader:
     def read_pooled(self, rows: np.ndarray, pooling: str) -> np.ndarray:
         """[len(rows), H, d] pooled states, as stored (float16 or float32)."""
         return self._read_rows(f"pooled/{pooling}", np.asarray(rows, dtype=np.int64))
+
+    def poolings(self) -> tuple[str, ...]:
+        """The poolings this shard holds: its ``poolings`` attribute, or, in a shard
+        written before shards recorded it, the ``/pooled/*`` datasets it has."""
+        with _damage(self.path, "poolings"):
+            f = self._open()
+            attr = f.attrs.get("poolings")
+            if attr is not None:
+                return tuple(p for p in str(attr).split(",") if p)
+            return tuple(p for p in POOLING_NAMES if p in f["pooled"])
 
     def read_keys(self) -> list[str]:
         with _damage(self.path, "keys"):

@@ -32,7 +32,8 @@ import numpy as np
 
 from .catalog import Catalog, Entry
 from .keys import ExtractionConfig, text_key
-from .shard import POOLINGS, CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
+from .poolings import POOLING_NAMES
+from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
 from .views import View
 
 __all__ = ["FeatureStore", "ReadResult"]
@@ -66,6 +67,7 @@ class FeatureStore:
         for d in (self.root, self.shard_dir, self.quarantine_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.root / "catalog.sqlite")
+        self._record_poolings()
         self._readers: OrderedDict[str, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
         if clean:
@@ -97,6 +99,22 @@ class FeatureStore:
                         removed_tmp, removed_orphans)
         return {"temp_files": removed_tmp, "uncommitted_shards": removed_orphans}
 
+    def _record_poolings(self) -> None:
+        """Fill in the poolings of shards a catalog listed before it recorded them,
+        from the files (their ``/pooled/*`` datasets): once per old catalog.
+
+        A file that cannot be read stays unrecorded (read as mean, cls, max, what
+        every such shard held); its first read quarantines it as before.
+        """
+        for name in self.catalog.shards_without_poolings():
+            reader = ShardReader(self.shard_dir / name)
+            try:
+                self.catalog.set_poolings(name, reader.poolings())
+            except CorruptShardError as e:
+                log.warning("could not read which poolings shard %s holds: %s", name, e)
+            finally:
+                reader.close()
+
     # -- writing ----------------------------------------------------------
     def write(self, name: str, contents: ShardContents, *, model: str, config: ExtractionConfig,
               replaces: Sequence[str] = ()) -> int:
@@ -112,6 +130,7 @@ class FeatureStore:
             self.catalog.commit_shard(fname, model, config.canonical(), contents.keys,
                                       contents.n_tokens, contents.truncated,
                                       has_tokens=contents.tokens is not None, n_bytes=n_bytes,
+                                      poolings=list(contents.pooled),
                                       replaces=replaces)
         except BaseException:
             # not in the catalog, so never read: give its space back now, not at the next start
@@ -127,8 +146,9 @@ class FeatureStore:
         return self.catalog.shard_info(name + ".h5") is not None
 
     # -- reading ----------------------------------------------------------
-    def lookup(self, keys: Sequence[str], need_tokens: bool = False) -> dict[str, Entry]:
-        return self.catalog.lookup(keys, need_tokens)
+    def lookup(self, keys: Sequence[str], need_tokens: bool = False,
+               poolings: Sequence[str] = ()) -> dict[str, Entry]:
+        return self.catalog.lookup(keys, need_tokens, poolings)
 
     def _reader(self, shard: str) -> ShardReader:
         with self._lock:
@@ -167,9 +187,10 @@ class FeatureStore:
         any file is touched; whatever then fails inside a shard is damage to it
         (quarantined, its keys reported missing), never "unknown pooling".
         """
-        if pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {pooling!r}; stored: {', '.join(POOLINGS)}")
-        entries = self.lookup(keys)
+        if pooling not in POOLING_NAMES:
+            raise ValueError(f"unknown pooling {pooling!r}; known: {', '.join(POOLING_NAMES)}")
+        # a key whose shard lacks this pooling is a miss (recomputed), never an error
+        entries = self.catalog.lookup(keys, poolings=(pooling,))
         by_shard: dict[str, list[int]] = {}
         for i, k in enumerate(keys):
             e = entries.get(k)

@@ -2,11 +2,11 @@
 pooled on the device.
 
 ``Encoder.encode(batch)`` takes one tokenized, length-homogeneous batch and
-returns, for every hidden state h_0..h_L, the mean (over real tokens), cls
-(first token) and max pooled vectors as float32 numpy arrays, and the
-token-level states when asked. Pooling runs on the device in float32
-accumulation whatever the compute precision, one hidden state at a time
-(``pool_hidden_states``), so only [n, H, d] crosses to the host, not
+returns, for every hidden state h_0..h_L, the pooled vectors it is set to
+store (``poolings``, default mean, cls and max; workers/pooling.py) as float32
+numpy arrays, and the token-level states when asked. Pooling runs on the
+device in float32 accumulation whatever the compute precision, one hidden
+state at a time (``pool_hidden_states``), so only [n, H, d] crosses to the host, not
 [n, H, t, d]. On CUDA the model uses SDPA attention, runs under bf16/fp16
 autocast when the precision says so, and ids go in and pooled rows come out
 through pinned host memory (one synchronisation per batch).
@@ -35,8 +35,10 @@ import torch
 
 from layerbank.cache.fingerprint import default_model_path, model_fingerprint
 from layerbank.cache.keys import ExtractionConfig
-from layerbank.cache.shard import POOLINGS, TokenRows
+from layerbank.cache.poolings import DEFAULT_POOLINGS, parse_poolings
+from layerbank.cache.shard import TokenRows
 
+from .pooling import pool_hidden_states
 from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 
 __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
@@ -64,7 +66,7 @@ class Tokenized:
 
 @dataclass
 class Encoded:
-    pooled: dict[str, np.ndarray]  # "mean" | "cls" | "max" -> [n, H, d] float32
+    pooled: dict[str, np.ndarray]  # pooling name (Encoder.poolings) -> [n, H, d] float32
     n_tokens: np.ndarray
     truncated: np.ndarray
     tokens: list[TokenRows] | None = None
@@ -80,12 +82,15 @@ class Encoder:
     device: torch.device
     info: dict[str, Any] = field(default_factory=dict)
     calls: int = 0  # forward passes run; tests use it to prove cache hits skip the model
+    # what each encoded row stores (a setting, not part of the key: layerbank.cache.poolings)
+    poolings: tuple[str, ...] = parse_poolings(DEFAULT_POOLINGS)
 
     # -- loading ----------------------------------------------------------
     @classmethod
     def load(cls, name_or_path: str | None = None, *, device: str = "auto", precision: str = "default",
              max_length: int | None = None, storage_dtype: str = "float16",
-             truncation_side: str = "right", trust_remote_code: bool = False) -> Encoder:
+             truncation_side: str = "right", trust_remote_code: bool = False,
+             poolings: str | Sequence[str] = DEFAULT_POOLINGS) -> Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         name = name_or_path or default_model_path()
@@ -123,8 +128,10 @@ class Encoder:
                 # with precision_modes, lets a reader make the keys of any setting without torch
                 "model_max_length": model_max,
                 "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
-                "precision_modes": precision_table(dev), "storage_dtype": storage_dtype}
-        return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info)
+                "precision_modes": precision_table(dev), "storage_dtype": storage_dtype,
+                "poolings": list(parse_poolings(poolings))}
+        return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info,
+                   poolings=parse_poolings(poolings))
 
     def with_precision(self, precision: str) -> Encoder:
         """This encoder computing at another precision: same weights, same
@@ -192,7 +199,7 @@ class Encoder:
             out = self.model(input_ids=ids_dev, attention_mask=mask_dev, output_hidden_states=True)
         self.calls += 1
         pooled = self._to_host(pool_hidden_states(out.hidden_states, mask_dev,
-                                                  padded=bool(lengths.min() < t)))
+                                                  padded=bool(lengths.min() < t), names=self.poolings))
         tokens = None
         if want_tokens:
             if batch.offsets is None or batch.word_ids is None:
@@ -203,7 +210,7 @@ class Encoder:
                                 np.asarray(batch.offsets[i], dtype=np.int32).reshape(-1, 2),
                                 np.asarray(batch.word_ids[i], dtype=np.int32))
                       for i in range(n)]
-        return Encoded({name: pooled[j] for j, name in enumerate(POOLINGS)},
+        return Encoded({name: pooled[j] for j, name in enumerate(self.poolings)},
                        lengths.astype(np.int32), np.asarray(batch.truncated, dtype=bool), tokens)
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
@@ -219,29 +226,6 @@ class Encoder:
         host.copy_(x, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
         return host.numpy()
-
-
-def pool_hidden_states(hidden_states: Sequence[torch.Tensor], mask: torch.Tensor,
-                       padded: bool = True) -> torch.Tensor:
-    """[3, n, H, d] float32: mean, cls and max of every hidden state over real tokens.
-
-    One layer at a time, each cast to float32 on its own, so the largest
-    temporary is one [n, t, d] layer, never the [n, H, t, d] stack. The mean is
-    a batched matrix product of the 0/1 mask with the states (float32
-    accumulation, no masked copy); the max masks padding only when the batch
-    has any.
-    """
-    n, _, d = hidden_states[0].shape
-    out = torch.empty((3, n, len(hidden_states), d), dtype=torch.float32, device=mask.device)
-    weights = mask.to(torch.float32)[:, None, :]  # [n, 1, t]
-    counts = weights.sum(dim=2).clamp(min=1)  # [n, 1]
-    pad = (mask == 0)[:, :, None] if padded else None
-    for i, h in enumerate(hidden_states):
-        h = h.float()
-        out[0, :, i] = torch.bmm(weights, h)[:, 0] / counts
-        out[1, :, i] = h[:, 0]
-        out[2, :, i] = (h if pad is None else h.masked_fill(pad, float("-inf"))).amax(dim=1)
-    return out
 
 
 def _looks_like_path(name: str) -> bool:

@@ -114,7 +114,9 @@ def plan_parts(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, j
         first.setdefault(k, i)
     uniq = sorted(first, key=lambda k: (len(texts[first[k]]), k))
     summary = ExtractSummary(texts=len(texts), unique_texts=len(uniq), keys=keys)
-    hits = store.lookup(uniq, need_tokens=want_tokens)
+    # a text stored without one of the poolings this encoder stores (it was stored
+    # before that pooling was set) is a miss: encoded again, into a shard that holds them all
+    hits = store.lookup(uniq, need_tokens=want_tokens, poolings=encoder.poolings)
     summary.cache_hits = len(hits)
     # truncation among hits counts too: the summary describes the whole input
     summary.truncated = sum(1 for e in hits.values() if e.truncated)

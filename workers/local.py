@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from layerbank.cache.lock import DataDirLock, hold_data_dir
+from layerbank.cache.poolings import DEFAULT_POOLINGS
 from layerbank.cache.store import FeatureStore
 from layerbank.cache.views import View
 
@@ -34,12 +35,13 @@ class LocalExtractor:
     @classmethod
     def open(cls, data_dir: Any, *, model: str | None = None, device: str = "auto",
              precision: str = "default", max_length: int | None = None,
-             storage_dtype: str = "float16", threads: int | None = None) -> "LocalExtractor":
+             storage_dtype: str = "float16", threads: int | None = None,
+             poolings: str = DEFAULT_POOLINGS) -> "LocalExtractor":
         lock = hold_data_dir(data_dir)
         try:
             set_threads(threads)
             encoder = Encoder.load(model, device=device, precision=precision, max_length=max_length,
-                                   storage_dtype=storage_dtype)
+                                   storage_dtype=storage_dtype, poolings=poolings)
             return cls.attach(FeatureStore(data_dir, clean=True), encoder, lock)
         except BaseException:
             lock.release()

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from layerbank.cache.keys import PRECISION_CHOICES  # the one list, torch-free, that the API and CLI read
+
 __all__ = [
     "PRECISION_CHOICES",
     "autocast_dtype",
@@ -46,7 +48,6 @@ __all__ = [
     "speed_warning",
 ]
 
-PRECISION_CHOICES = ("default", "auto", "fp32", "bf16", "fp16")
 # AMX only: AVX-512 BF16's dot products have no more throughput than float32
 # FMAs on the CPUs measured, and the casts come on top (docs/precision.md)
 _FAST_BF16_FLAGS = {"amx_bf16"}

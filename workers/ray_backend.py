@@ -125,7 +125,8 @@ class ShardEncoder:
         self.encoder = Encoder.load(spec["model"], device="auto", precision=spec["precision"],
                                     max_length=spec["max_length"],
                                     storage_dtype=spec["storage_dtype"],
-                                    truncation_side=spec["truncation_side"])
+                                    truncation_side=spec["truncation_side"],
+                                    poolings=spec["poolings"])
         got = (self.encoder.fingerprint, self.encoder.config.canonical())
         if got != (spec["fingerprint"], spec["config"]):
             # keys were made on the driver: other weights here would store wrong numbers
@@ -165,7 +166,7 @@ class ShardEncoder:
             self._maybe_die()
             metas.append(json.dumps({
                 "name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
-                "truncated": enc.truncated.tolist(), "n_bytes": n_bytes,
+                "truncated": enc.truncated.tolist(), "n_bytes": n_bytes, "poolings": list(enc.pooled),
                 "fingerprint": self.encoder.fingerprint, "config": cfg.canonical(),
                 "node": node, "pid": os.getpid(), "seconds": time.perf_counter() - t0}))
         return {"meta": np.array(metas, dtype=object)}
@@ -195,7 +196,8 @@ def _encoder_spec(encoder: Encoder) -> dict[str, Any]:
     model = None if encoder.name == default_model_path() else encoder.name
     return {"model": model, "precision": cfg.precision, "max_length": cfg.max_length,
             "storage_dtype": cfg.storage_dtype, "truncation_side": cfg.truncation_side,
-            "fingerprint": encoder.fingerprint, "config": cfg.canonical()}
+            "fingerprint": encoder.fingerprint, "config": cfg.canonical(),
+            "poolings": list(encoder.poolings)}
 
 
 def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
@@ -260,7 +262,7 @@ def _commit(store: FeatureStore, meta: dict[str, Any], expected: dict[str, list[
         raise RayExtractionError(f"shard {name} came back with other keys than were sent")
     store.catalog.commit_shard(name + ".h5", meta["fingerprint"], meta["config"], meta["keys"],
                                meta["n_tokens"], meta["truncated"], has_tokens=want_tokens,
-                               n_bytes=int(meta["n_bytes"]))
+                               n_bytes=int(meta["n_bytes"]), poolings=meta["poolings"])
 
 
 def _run(todo: list[dict[str, Any]], store: FeatureStore, encoder: Encoder, want_tokens: bool,

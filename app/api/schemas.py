@@ -16,6 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from layerbank.cache.keys import PrecisionChoice
+from layerbank.cache.poolings import PoolingName
+
 __all__ = [
     "DatasetCreate",
     "DatasetDeleted",
@@ -49,9 +52,9 @@ __all__ = [
     "view_pattern",
 ]
 
-Pooling = Literal["mean", "cls", "max"]
+Pooling = PoolingName  # the registry's names (cache/poolings.py); a server stores those its setting names
 Format = Literal["json", "base64"]
-Precision = Literal["default", "auto", "fp32", "bf16", "fp16"]
+Precision = PrecisionChoice  # cache/keys.py
 _PRECISION = ("compute precision for the misses, and so which stored rows answer (rows computed "
               "at another precision never do); default: the served precision in /info")
 # the schema says what the routes enforce (with friendlier messages than a pattern error):

@@ -12,8 +12,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from layerbank.cache.keys import PrecisionChoice
+from layerbank.cache.poolings import DEFAULT_POOLINGS, POOLING_NAMES, PoolingName, parse_poolings
 
 __all__ = ["DEFAULT_DATA_DIR", "Settings", "get_settings"]
 
@@ -29,9 +32,12 @@ class Settings(BaseSettings):
     # the encoder and what changes the stored numbers
     model: str | None = Field(None, description="model name or path; empty = embedded all-MiniLM-L6-v2")
     device: str = "auto"
-    precision: Literal["default", "auto", "fp32", "bf16", "fp16"] = "default"
+    precision: PrecisionChoice = "default"
     max_length: int | None = Field(None, ge=2)
     storage_dtype: Literal["float16", "float32"] = "float16"
+    # not part of the key: a text stored without a pooling set later is encoded again for it
+    poolings: str = Field(DEFAULT_POOLINGS, description="poolings stored per text, comma-separated, "
+                          "from: " + ", ".join(POOLING_NAMES))
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
 
     # batching
@@ -48,7 +54,7 @@ class Settings(BaseSettings):
     allowed_hosts: str = Field("", description="host names a keyless server answers to besides loopback "
                                                 "names and --host, comma-separated; '*' = any")
     default_view: str = "layer:-2"
-    default_pooling: Literal["mean", "cls", "max"] = "mean"
+    default_pooling: PoolingName = "mean"
     max_texts_per_request: int = Field(2048, ge=1)
     max_chars_per_text: int = Field(100_000, ge=1)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
@@ -71,10 +77,26 @@ class Settings(BaseSettings):
     def _empty_is_none(cls, v: object) -> object:
         return None if v == "" else v
 
+    @field_validator("poolings", mode="before")
+    @classmethod
+    def _known_poolings(cls, v: object) -> object:
+        return ",".join(parse_poolings(v)) if isinstance(v, (str, list, tuple)) else v
+
+    @model_validator(mode="after")
+    def _default_pooling_is_stored(self) -> "Settings":
+        if self.default_pooling not in self.pooling_names:
+            raise ValueError(f"default_pooling {self.default_pooling!r} is not among the poolings "
+                             f"stored ({self.poolings})")
+        return self
+
+    @property
+    def pooling_names(self) -> tuple[str, ...]:
+        return parse_poolings(self.poolings)
+
     def extraction_options(self) -> dict[str, object]:
-        """What the encoder needs to reproduce the same keys."""
+        """What the encoder needs to reproduce the same keys (and the poolings it stores)."""
         return {"device": self.device, "precision": self.precision, "max_length": self.max_length,
-                "storage_dtype": self.storage_dtype}
+                "storage_dtype": self.storage_dtype, "poolings": self.poolings}
 
 
 @lru_cache

@@ -13,8 +13,10 @@ import sys
 from typing import Any
 
 from layerbank.app.api.settings import Settings
+from layerbank.cache.keys import PRECISION_CHOICES
+from layerbank.cache.poolings import POOLING_NAMES
 
-__all__ = ["add_flag", "add_common_flags", "settings_from", "fail"]
+__all__ = ["add_flag", "add_common_flags", "add_poolings_flag", "settings_from", "fail"]
 
 
 def _env(flag: str) -> str:
@@ -40,13 +42,20 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model name or path (default: embedded all-MiniLM-L6-v2) "
                    "[env LAYERBANK_MODEL]")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto [env LAYERBANK_DEVICE]")
-    p.add_argument("--precision", choices=["default", "auto", "fp32", "bf16", "fp16"],
+    p.add_argument("--precision", choices=PRECISION_CHOICES,
                    help="compute precision [env LAYERBANK_PRECISION]")
     p.add_argument("--max-length", type=int, help="truncate texts at this many tokens "
                    "[env LAYERBANK_MAX_LENGTH]")
     p.add_argument("--storage-dtype", choices=["float16", "float32"],
                    help="dtype of stored vectors [env LAYERBANK_STORAGE_DTYPE]")
     p.add_argument("--threads", type=int, help="torch CPU threads [env LAYERBANK_THREADS]")
+
+
+def add_poolings_flag(p: argparse.ArgumentParser) -> None:
+    """``--poolings``, the Settings field (serve, worker, extract, features; ``probe``'s
+    own ``--poolings`` says which to probe)."""
+    p.add_argument("--poolings", help="poolings stored per text, comma-separated, from: "
+                   f"{', '.join(POOLING_NAMES)} (default: mean,cls,max) [env LAYERBANK_POOLINGS]")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

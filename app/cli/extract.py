@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.inputs import FORMATS, InputError, TextTable, read_texts
 from layerbank.workers.extract import ExtractSummary
@@ -27,6 +27,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("extract", help="encode a file once and store every layer")
     add_input_flags(p)
     add_common_flags(p)
+    add_poolings_flag(p)
     add_flag(p, "--tokens", action="store_true", help="also store token-level states of every layer")
     add_flag(p, "--backend", choices=["embedded", "ray"], help="where the encoder runs")
     add_flag(p, "--ray-address", help="Ray cluster address, or 'local'")

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
 from layerbank.app.cli.extract import add_input_flags, load_table
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.feature_files import OutPathError, check_out_path, write_features
+from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.cache.views import View, ViewError, parse_view
 
@@ -22,6 +23,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("features", help="write a file's feature matrix (extracting misses)")
     add_input_flags(p)
     add_common_flags(p)
+    add_poolings_flag(p)
     add_flag(p, "--view", default="layer:-2", help="layer:K, layers:I,J, concat_last_4, "
              "sum_last_4, mean_all, weighted:W0,..., all_layers")
     add_flag(p, "--pooling", default="mean", choices=POOLING_NAMES, help="pooling (one of --poolings)")

@@ -39,6 +39,7 @@ from typing import Any
 
 from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
 from layerbank.cache.poolings import POOLING_NAMES
+from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.app.cli.extract import load_table
 
 __all__ = ["register", "run"]

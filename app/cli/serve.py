@@ -29,7 +29,7 @@ import socket
 import sys
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
+from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
 from layerbank.app.cli.worker import add_backend_flags
 
 __all__ = ["is_loopback", "register", "run"]
@@ -63,6 +63,7 @@ _FLAGS = [
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="HTTP API and its extraction worker")
     add_common_flags(p)
+    add_poolings_flag(p)
     for flag, help_ in _FLAGS:
         add_flag(p, flag, help=help_)
     add_flag(p, "--insecure", action="store_true",

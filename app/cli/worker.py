@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_flag, settings_from
+from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, settings_from
 from layerbank.app.api.settings import Settings
 
 __all__ = ["FATAL_EXIT", "WorkerSupervisor", "register", "run", "settings_env"]
@@ -38,6 +38,7 @@ _HARD_EXIT_S = 20.0  # a stop that takes longer than this (a stuck batch) ends t
 def register(sub: Any) -> None:
     p = sub.add_parser("worker", help="run the extraction worker (layerbank serve starts it)")
     add_common_flags(p)
+    add_poolings_flag(p)
     add_flag(p, "--parent-pid", type=int, help="exit when this process is gone")
     add_flag(p, "--part-size", help="texts per shard")
     add_flag(p, "--max-tokens-per-batch", help="padded tokens per encoder batch")

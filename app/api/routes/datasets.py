@@ -39,7 +39,7 @@ from starlette.datastructures import UploadFile
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound, Overloaded, TooLarge, UnsupportedMediaType
 from layerbank.app.inputs import InputError, parse_texts
-from layerbank.app.api.routes.features import check_texts, json_response, strict_view
+from layerbank.app.api.routes.features import check_pooling, check_texts, json_response, strict_view
 from layerbank.app.api.schemas import (
     DatasetDeleted,
     DatasetList,
@@ -51,6 +51,7 @@ from layerbank.app.api.schemas import (
 )
 from layerbank.cache.datasets import Dataset
 from layerbank.cache.keys import text_key
+from layerbank.cache.poolings import PoolingName
 from layerbank.cache.words import join_words
 
 __all__ = ["router"]
@@ -273,7 +274,7 @@ async def delete_dataset(dataset_id: str, state: AppState = Depends(get_state)) 
     **_ERRORS, 200: {"content": {"application/x-npy": {}}, "description": "float32 .npy: [n, dim] or [n, H, d]"}},
     response_class=Response, summary="The dataset's feature matrix as .npy")
 async def dataset_features(dataset_id: str, view: str | None = None,
-                           pooling: Literal["mean", "cls", "max", ""] | None = None,
+                           pooling: PoolingName | Literal[""] | None = None,
                            format: str = Query("npy", pattern="^npy$", description="npy only"),
                            state: AppState = Depends(get_state)) -> Response:
     ds = _get(state, dataset_id)
@@ -290,10 +291,14 @@ async def dataset_features(dataset_id: str, view: str | None = None,
     h, d = int(info["n_hidden_states"]), int(info["hidden_size"])
     v = strict_view(view or state.settings.default_view, h)  # "?view=" means the default too
     width = v.output_dim(h, d)
-    pooling = pooling or state.settings.default_pooling
+    pooling = check_pooling(state, pooling or None)
     texts = (await run_in_threadpool(state.datasets.items, dataset_id)).texts
     keys = [text_key(fp, ds.config, t) for t in texts]
     stored = await run_in_threadpool(state.store.lookup, keys)
+    with_pooling = await run_in_threadpool(state.store.lookup, keys, False, (pooling,))
+    if len(with_pooling) < len(stored):
+        raise Conflict(f"{len(stored) - len(with_pooling)} of the dataset's texts were stored before "
+                       f"pooling {pooling!r} was set; upload the dataset again to compute it for them")
     lost = sum(1 for k in set(keys) if k not in stored)
     if lost:
         raise Conflict(f"{lost} of the dataset's texts are no longer stored (a damaged shard was "

@@ -38,6 +38,7 @@ from layerbank.cache.views import View, ViewError, parse_view
 __all__ = [
     "ERROR_RESPONSES",
     "FeatureResult",
+    "check_pooling",
     "check_texts",
     "compute_features",
     "encode_rows",
@@ -82,6 +83,18 @@ def check_texts(texts: Sequence[str], state: AppState, field: str = "texts", *,
         except UnicodeEncodeError:
             raise InvalidInput(f"{field}.{i} is not valid Unicode (it holds a lone surrogate)",
                                field=f"{field}.{i}") from None
+
+
+def check_pooling(state: AppState, pooling: str | None) -> str:
+    """The pooling to answer with (the default when None), refused (422) when this
+    server does not store it: its misses could never be filled."""
+    pooling = pooling or state.settings.default_pooling
+    stored = state.settings.pooling_names
+    if pooling not in stored:
+        raise InvalidInput(f"pooling {pooling!r} is not stored by this server; it stores "
+                           f"{', '.join(stored)} (setting poolings, --poolings / LAYERBANK_POOLINGS)",
+                           field="pooling")
+    return pooling
 
 
 @dataclass
@@ -139,7 +152,7 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
                            pooling: str | None, model: str | None,
                            precision: str | None = None) -> FeatureResult:
     m, view = resolve_request(state, view_spec, model, precision)
-    pooling = pooling or state.settings.default_pooling
+    pooling = check_pooling(state, pooling)
     keys = [text_key(m.fingerprint, m.config, t) for t in texts]
     store, rows, h = state.store, state.rows, m.n_hidden_states
     # rows already in memory are answered on the event loop; disk reads go to a thread

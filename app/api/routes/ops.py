@@ -20,7 +20,6 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.metrics import CONTENT_TYPE
 from layerbank.app.api.routes.features import json_response
 from layerbank.app.api.schemas import HealthOut, InfoOut, ReadyOut, error_responses
-from layerbank.cache.shard import POOLINGS
 from layerbank.cache.views import NAMED_VIEWS
 
 __all__ = ["VERSION", "router"]
@@ -81,7 +80,7 @@ async def info(state: AppState = Depends(get_state)) -> Response:
         "hidden_size": None if m is None else m.hidden_size,
         "dtype": m.storage_dtype if m is not None else s.storage_dtype,
         "precision": None if m is None else m.precision,
-        "poolings": list(POOLINGS),
+        "poolings": list(s.pooling_names),  # what this server stores and so answers
         "views": _VIEW_GRAMMAR,
         "defaults": {"view": s.default_view, "pooling": s.default_pooling,
                      "description": _describe_default(s.default_view, s.default_pooling)},

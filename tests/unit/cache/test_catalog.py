@@ -39,7 +39,8 @@ def test_commit_then_lookup(cat: Catalog) -> None:
     assert got == {k(1): Entry(k(1), "a.h5", 0, 10, False, False),
                    k(3): Entry(k(3), "a.h5", 2, 12, False, False)}
     assert cat.shard_info("a.h5") == {"name": "a.h5", "model": "local:m", "config": "{}",
-                                      "n_rows": 3, "n_bytes": 1000, "has_tokens": 0}
+                                      "n_rows": 3, "n_bytes": 1000, "has_tokens": 0,
+                                      "poolings": ("mean", "cls", "max")}
     assert cat.shard_names() == {"a.h5"}
     assert cat.stats() == {"keys": 3, "shards": 1, "bytes": 1000}
     assert cat.lookup([k(2)])[k(2)].truncated is True

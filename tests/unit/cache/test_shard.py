@@ -40,6 +40,8 @@ def expected_datasets(dtype: str, tokens: bool) -> dict[str, tuple[tuple[int, ..
         np_dtype = np.dtype(dtype if dt == "storage dtype" else dt)
         if "{i}" in name:
             out.update({name.replace("{i}", str(i))[1:]: (dims, np_dtype) for i in range(H)})
+        elif "{pooling}" in name:  # one per pooling the shard holds: make_contents' three
+            out.update({name.replace("{pooling}", p)[1:]: (dims, np_dtype) for p in ("mean", "cls", "max")})
         else:
             out[name[1:]] = (dims, np_dtype)
     return out
@@ -87,7 +89,7 @@ def test_written_shard_is_exactly_the_documented_layout(tmp_path: Path, dtype: s
             assert ds.chunks is not None, f"{name} is not chunked"
             assert ds.dtype.kind != "O", f"{name} is a variable-length type"
         assert dict(f.attrs) == {"format_version": FORMAT_VERSION, "model_fingerprint": "local:abc",
-                                 "extraction_config": '{"x":1}'}
+                                 "extraction_config": '{"x":1}', "poolings": "mean,cls,max"}
         # the values, as a plain-h5py user reads them
         assert [k.decode() for k in f["keys"][:]] == c.keys
         np.testing.assert_array_equal(f["n_tokens"][:], TOKENS_PER_TEXT)

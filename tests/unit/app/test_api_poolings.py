@@ -1,0 +1,73 @@
+"""Over HTTP: the poolings a server stores are a setting; texts cached before a
+pooling was added still answer the others from the store, and the new one
+is a miss that is recomputed (never a 500); a pooling the server does not
+store is refused with 422 in the one error shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from layerbank.cache.store import FeatureStore
+from layerbank.workers.encoder import Encoder
+from layerbank.workers.extract import extract
+
+TEXTS = ["cached before max was stored", "a second text", "and a third one here"]
+
+
+def _rows(body: dict) -> np.ndarray:
+    return np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+
+
+def _old_data_dir(root: Path, model_dir: str, poolings: str) -> None:
+    """A data directory written by a server set to ``poolings``."""
+    store = FeatureStore(root)
+    enc = Encoder.load(model_dir, device="cpu", poolings=poolings)
+    store.catalog.register_model(enc.fingerprint, enc.name, {**enc.info, "config": enc.config.canonical()})
+    assert extract(TEXTS, store, enc, job_id="old").texts_encoded == len(TEXTS)
+    store.close()
+
+
+def test_texts_cached_before_a_pooling_was_added_answer_and_the_new_one_is_recomputed(
+        tiny_api_factory, tiny_model_dir: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "old"
+    _old_data_dir(root, tiny_model_dir, "mean,cls")
+    api = tiny_api_factory(data_dir=root, poolings="mean,cls,max")
+    c, enc = api.client, api.worker.encoder
+    assert c.get("/info").json()["poolings"] == ["mean", "cls", "max"]
+
+    mean = c.post("/v1/features", json={"texts": TEXTS, "view": "layer:-1", "pooling": "mean"})
+    assert mean.status_code == 200, mean.text
+    assert [d["cached"] for d in mean.json()["data"]] == [True] * 3
+    assert enc.calls == 0  # answered from the store
+
+    fresh = c.post("/v1/features", json={"texts": TEXTS, "view": "layer:-1", "pooling": "max"})
+    assert fresh.status_code == 200, fresh.text
+    body = fresh.json()
+    assert [d["cached"] for d in body["data"]] == [False] * 3
+    assert body["usage"]["tokens_computed"] == sum(d["n_tokens"] for d in body["data"])
+    assert enc.calls >= 1
+    direct = enc.encode(enc.tokenize(TEXTS)).pooled["max"][:, -1]
+    np.testing.assert_allclose(_rows(body), direct, rtol=2e-3, atol=2e-3)  # float16 storage
+
+    calls = enc.calls
+    for pooling in ("max", "mean", "cls"):
+        again = c.post("/v1/features", json={"texts": TEXTS, "view": "layer:-1", "pooling": pooling}).json()
+        assert [d["cached"] for d in again["data"]] == [True] * 3, pooling
+    assert enc.calls == calls
+    # the re-encoded rows hold the same numbers the old shard held
+    np.testing.assert_array_equal(_rows(again), _rows(c.post("/v1/features", json={
+        "texts": TEXTS, "view": "layer:-1", "pooling": "cls"}).json()))
+    np.testing.assert_array_equal(_rows(c.post("/v1/features", json={
+        "texts": TEXTS, "view": "layer:-1", "pooling": "mean"}).json()), _rows(mean.json()))
+
+
+def test_a_pooling_the_server_does_not_store_is_a_422(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
+    api = tiny_api_factory(poolings="mean")
+    r = api.client.post("/v1/features", json={"texts": ["a text"], "pooling": "max"})
+    assert r.status_code == 422
+    assert r.json() == {"error": "pooling 'max' is not stored by this server; it stores mean (setting "
+                                 "poolings, --poolings / LAYERBANK_POOLINGS)", "type": "validation",
+                        "field": "pooling"}
+    assert api.client.post("/v1/features", json={"texts": ["a text"], "pooling": "avg"}).status_code == 422
