@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from layerbank.app.api.batcher import Batcher
+from layerbank.app.api.catalog_health import install_catalog_handlers, watch_catalog
 from layerbank.app.api.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from layerbank.app.api.errors import install_error_handlers
 from layerbank.app.api.lab import LabPages
@@ -60,10 +61,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.layerbank = state
         state.refresh_model()
         watcher = asyncio.create_task(_watch_model(state))
+        state.catalog_problem = None  # set by the catalog check (app/api/catalog_health.py)
+        checker = asyncio.create_task(watch_catalog(state, settings.catalog_check_seconds))
         try:
             yield
         finally:
             watcher.cancel()
+            checker.cancel()
             await state.batcher.close()
             state.close()
 
@@ -73,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "cache. Errors: {\"error\", \"type\"} everywhere.")
     metrics = Metrics()
     install_error_handlers(app)
+    install_catalog_handlers(app)  # damaged catalog -> 503, SQLite's disk full -> 507
     for r in (features.router, embeddings.router, datasets.router, jobs.router, ops.router,
               probes.router, heads.router, regimes.router, docs.router, dataset_stats.router):
         app.include_router(r)

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = None
     insecure: bool = False
+    catalog_check_seconds: float = Field(300.0, gt=0, description="how often the API runs SQLite's "
+                                         "quick_check on the catalog (/ready is 503 on damage)")
     allowed_hosts: str = Field("", description="host names a keyless server answers to besides loopback "
                                                 "names and --host, comma-separated; '*' = any")
     default_view: str = "layer:-2"

@@ -22,7 +22,7 @@ from layerbank import __version__
 __all__ = ["main"]
 
 # module names under layerbank.app.cli, in the order `layerbank --help` lists them
-COMMANDS = ["extract", "features", "serve", "worker", "probe", "regimes"]
+COMMANDS = ["extract", "features", "serve", "worker", "probe", "regimes", "repair"]
 
 
 def build_parser() -> argparse.ArgumentParser:

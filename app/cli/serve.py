@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
@@ -108,6 +109,24 @@ def _few_malloc_arenas(n: int = 2) -> None:
         pass  # not glibc: nothing to tune
 
 
+def _check_catalog(data_dir: Path) -> None:
+    """Rebuild a catalog with damaged pages from the shards (cache/repair.py), saying so;
+    a catalog that is not a database at all is a one-line error naming `layerbank repair`
+    (it may be the wrong file: nothing is replaced without being asked)."""
+    from layerbank.cache.repair import check_catalog, repair_catalog
+
+    problem = check_catalog(data_dir / "catalog.sqlite")
+    if problem is None:
+        return
+    if "not a database" in problem:
+        fail(f"{data_dir / 'catalog.sqlite'} is not a SQLite database ({problem}); run `layerbank repair "
+             f"--data-dir {data_dir}` to rebuild it from the shards (the damaged file is kept)")
+    print(f"layerbank: the catalog is damaged ({problem}); rebuilding it from the shards",
+          file=sys.stderr, flush=True)
+    for line in repair_catalog(data_dir).lines():
+        print(f"layerbank: repair: {line}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if not is_loopback(settings.host) and not settings.api_key and not settings.insecure:
@@ -132,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     except DataDirBusy as e:
         fail(str(e))
     try:
+        _check_catalog(data_dir)
         FeatureStore(data_dir, clean=True).close()  # temp files and uncommitted shards of a crash
         sock = _bind(settings.host, settings.port)
         host, port = sock.getsockname()[:2]

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
+from layerbank.app.api.catalog_health import REPAIR_HINT
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.metrics import CONTENT_TYPE
 from layerbank.app.api.routes.features import json_response
@@ -42,7 +43,7 @@ async def health() -> dict[str, str]:
 def _checks(state: AppState) -> dict[str, bool]:
     try:
         state.store.catalog.conn().execute("SELECT 1").fetchone()
-        catalog = True
+        catalog = getattr(state, "catalog_problem", None) is None  # app/api/catalog_health.py
     except Exception:
         catalog = False
     return {"catalog": catalog, "worker": bool(state.workers), "model": state.model is not None}
@@ -57,7 +58,9 @@ async def ready(state: AppState = Depends(get_state)) -> Response:
     if all(checks.values()):
         return json_response({"ready": True, "checks": checks, "workers": workers})
     missing = [k for k, ok in checks.items() if not ok]
-    why = {"catalog": "the catalog cannot be read", "worker": "no live worker",
+    problem = getattr(state, "catalog_problem", None)
+    why = {"catalog": f"the catalog is damaged ({problem}); {REPAIR_HINT}" if problem
+           else "the catalog cannot be read", "worker": "no live worker",
            "model": "no model registered by a worker yet"}
     return json_response({"error": "not ready: " + "; ".join(why[k] for k in missing),
                           "type": "not_ready", "ready": False, "checks": checks,

@@ -1,0 +1,205 @@
+"""Catalog integrity: check it, and rebuild it from the shards when it is damaged.
+
+The catalog is an index; the shards are the truth. Every shard carries its
+keys, ``n_tokens``, ``truncated``, and as attributes the model fingerprint
+and extraction config (cache/shard.py), so the key index (tables ``shards``
+and ``entries``) can be rebuilt from the files alone. The other tables
+(models, datasets and their items, jobs, heads, counters) exist only in the
+catalog: ``repair_catalog`` copies every row of them it can still read into
+the new file and says what it could not.
+
+    check_catalog(path)     -> None if sound, else the reason (PRAGMA quick_check)
+    repair_catalog(data_dir)-> RepairReport (the damaged file is kept beside it)
+
+Call ``repair_catalog`` only with the data directory locked (no server or
+worker running on it): it replaces the catalog file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .catalog import Catalog
+from .datasets import DatasetStore
+from .jobs import JobQueue
+
+__all__ = ["CatalogDamaged", "RepairReport", "check_catalog", "repair_catalog"]
+
+log = logging.getLogger("layerbank.repair")
+_INDEX_TABLES = {"shards", "entries"}  # rebuilt from the shard files, never copied
+_CHECK_ROWS = 20  # quick_check lists up to this many problems
+
+
+class CatalogDamaged(RuntimeError):
+    """The catalog cannot be used as it is; the message names ``layerbank repair``."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(f"the catalog {os.fspath(path)} is damaged ({reason}); stop the server and run "
+                         f"`layerbank repair --data-dir {Path(path).parent}` to rebuild it from the shards")
+        self.reason = reason
+
+
+def check_catalog(path: str | os.PathLike[str]) -> str | None:
+    """None when SQLite's ``quick_check`` finds the catalog sound, else the reason.
+
+    quick_check reads every page (table, index and free-list structure, not
+    index contents), so it costs about one read of the file. A missing file
+    is sound (a new store).
+    """
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=30.0)
+        try:
+            rows = [r[0] for r in db.execute(f"PRAGMA quick_check({_CHECK_ROWS})")]
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    return None if rows == ["ok"] else "; ".join(rows[:3])
+
+
+@dataclass
+class RepairReport:
+    """What a repair did: the shards and keys re-indexed, the tables kept, what was lost."""
+
+    damaged_file: str | None = None  # where the old catalog was moved (None: there was none)
+    shards: int = 0
+    keys: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    kept: dict[str, int] = field(default_factory=dict)  # table -> rows copied
+    lost: dict[str, str] = field(default_factory=dict)  # table -> why (rows not copied)
+
+    def lines(self) -> list[str]:
+        out = [f"re-indexed {self.keys:,} keys from {self.shards} shards"]
+        if self.damaged_file:
+            out.append(f"the damaged catalog is kept as {self.damaged_file}")
+        for name in self.quarantined:
+            out.append(f"shard {name} could not be read and was moved to quarantine/ (its texts will "
+                       "be encoded again when asked for)")
+        for table, n in sorted(self.kept.items()):
+            out.append(f"kept {n:,} rows of {table}")
+        for table, why in sorted(self.lost.items()):
+            out.append(f"LOST {table}: {why}")
+        return out
+
+
+def _salvage(path: Path, report: RepairReport) -> tuple[dict[str, str], dict[str, list[tuple]]]:
+    """The CREATE statements and the readable rows of every table but the key index."""
+    schema: dict[str, str] = {}
+    rows: dict[str, list[tuple]] = {}
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.DatabaseError as e:
+        report.lost["every table but the key index"] = f"the file cannot be opened: {e}"
+        return schema, rows
+    try:
+        try:
+            schema = {n: s for n, s in db.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL")}
+        except sqlite3.DatabaseError as e:
+            report.lost["every table but the key index"] = f"the schema cannot be read: {e}"
+            return {}, rows
+        for table in schema:
+            if table in _INDEX_TABLES or table.startswith("sqlite_"):
+                continue
+            got: list[tuple] = []
+            try:
+                for r in db.execute(f'SELECT * FROM "{table}"'):  # row by row: keep what precedes damage
+                    got.append(tuple(r))
+            except sqlite3.DatabaseError as e:
+                report.lost[table] = f"rows after the first {len(got):,} could not be read ({e})"
+            rows[table] = got
+    finally:
+        db.close()
+    return schema, rows
+
+
+def _shard_files(shard_dir: Path) -> Iterator[Path]:
+    # oldest first: where two shards hold a key (a re-run, a compaction), the later wins,
+    # as it did when they were committed
+    yield from sorted(shard_dir.glob("*.h5"), key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def _index_shard(cat: Catalog, path: Path) -> int:
+    """Register one shard from what it carries; OSError/KeyError/ValueError if it is damaged."""
+    with h5py.File(path, "r") as f:
+        model = f.attrs["model_fingerprint"]
+        config = f.attrs["extraction_config"]
+        keys = [k.decode() for k in f["keys"][:]]
+        n_tokens = np.asarray(f["n_tokens"][:]).tolist()
+        truncated = np.asarray(f["truncated"][:]).astype(bool).tolist()
+        has_tokens = "tokens" in f
+        if not (len(keys) == len(n_tokens) == len(truncated)) or "pooled" not in f:
+            raise ValueError("keys, n_tokens and truncated disagree in length, or no pooled states")
+    # poolings are left for FeatureStore to read from the file when it opens the store
+    cat.commit_shard(path.name, str(model), str(config), keys, n_tokens, truncated,
+                     has_tokens=has_tokens, n_bytes=path.stat().st_size)
+    return len(keys)
+
+
+def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
+    """Rebuild ``data_dir/catalog.sqlite``: key index from the shards, other tables salvaged."""
+    root = Path(data_dir)
+    path = root / "catalog.sqlite"
+    report = RepairReport()
+    schema: dict[str, str] = {}
+    rows: dict[str, list[tuple]] = {}
+    if path.exists():
+        schema, rows = _salvage(path, report)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = root / f"catalog.sqlite.damaged-{stamp}"
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(path) + suffix)
+            if src.exists():
+                shutil.move(str(src), str(aside) + suffix)
+        report.damaged_file = str(aside)
+    cat = Catalog(path)
+    try:
+        JobQueue(cat)  # their tables, as a new store has them
+        DatasetStore(cat)
+        db = cat.conn()
+        for table, sql in schema.items():  # tables made by app/ (heads, ...) come from the old schema
+            if table not in _INDEX_TABLES and not table.startswith("sqlite_"):
+                db.execute(sql.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1)
+                           if "IF NOT EXISTS" not in sql else sql)
+        for table, got in rows.items():
+            if not got:
+                report.kept.setdefault(table, 0)
+                continue
+            marks = ",".join("?" * len(got[0]))
+            try:
+                with cat.tx() as tx:
+                    # the new file's schema_versions rows (same versions) give way to the old ones
+                    tx.executemany(f'INSERT OR REPLACE INTO "{table}" VALUES ({marks})', got)
+            except sqlite3.DatabaseError as e:  # rows of another schema version, say
+                report.lost[table] = f"{len(got):,} rows read but not accepted by the new catalog ({e})"
+                continue
+            report.kept[table] = len(got)
+        quarantine = root / "quarantine"
+        quarantine.mkdir(exist_ok=True)
+        for shard in _shard_files(root / "shards"):
+            try:
+                report.keys += _index_shard(cat, shard)
+                report.shards += 1
+            except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+                log.error("shard %s cannot be read (%s): moved to quarantine/", shard.name, e)
+                shutil.move(str(shard), str(quarantine / shard.name))
+                report.quarantined.append(shard.name)
+        report.keys = cat.stats()["keys"]  # distinct keys (a key in two shards counts once)
+    finally:
+        cat.close()
+    for line in report.lines():
+        log.warning("repair: %s", line)
+    return report

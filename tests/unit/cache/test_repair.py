@@ -1,0 +1,126 @@
+"""cache/repair.py: a damaged, destroyed or deleted catalog is rebuilt from the shards,
+every stored row answers with its original numbers, and what could be read of the
+other tables is kept (what could not is named)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.datasets import DatasetStore
+from layerbank.cache.jobs import JobQueue
+from layerbank.cache.repair import check_catalog, repair_catalog
+from layerbank.cache.store import FeatureStore
+
+from .test_shard_damage import flip_chunk
+from .test_store import CFG, contents, key
+
+
+def _page_of(path: Path, table: str) -> tuple[int, int]:
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything into the main file
+    root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    return (root - 1) * size, size
+
+
+def _smash(path: Path, offset: int, n: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes())
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray], str]:
+    """A closed store: 3 shards of 40 keys each, a dataset, a job; returns the directory,
+    each key's stored mean rows and the dataset id."""
+    root = tmp_path / "data"
+    store = FeatureStore(root)
+    want: dict[str, np.ndarray] = {}
+    for s in range(3):
+        keys = [key(store, f"shard {s} text {i}") for i in range(40)]
+        c = contents(keys, s)
+        store.write(f"job{s}-00000", c, model="local:m", config=CFG)
+        want.update({k: c.pooled["mean"][i] for i, k in enumerate(keys)})
+    ds = DatasetStore(store.catalog)
+    job = JobQueue(store.catalog).submit("extract", {"texts": 3})
+    d = ds.create("kept", ["a", "b", "c"], labels=["x", "y", "x"], model="local:m",
+                  config=CFG.canonical(), job_id=job)
+    store.close()
+    return root, want, d.id
+
+
+def _rows_answer(root: Path, want: dict[str, np.ndarray]) -> None:
+    store = FeatureStore(root)
+    keys = list(want)
+    res = store.read_pooled(keys, "mean")
+    assert res.found.all()
+    for i, k in enumerate(keys):
+        np.testing.assert_array_equal(res.data[i], want[k])
+    store.close()
+
+
+def test_a_sound_catalog_passes_its_check(filled) -> None:  # type: ignore[no-untyped-def]
+    root, _, _ = filled
+    assert check_catalog(root / "catalog.sqlite") is None
+    assert check_catalog(root / "missing.sqlite") is None
+
+
+def test_damaged_key_pages_are_rebuilt_and_the_other_tables_kept(filled) -> None:  # type: ignore[no-untyped-def]
+    root, want, ds_id = filled
+    path = root / "catalog.sqlite"
+    offset, size = _page_of(path, "entries")
+    _smash(path, offset + 8, size - 8)  # the page header stays, the cells are noise
+    problem = check_catalog(path)
+    assert problem is not None, "quick_check did not see the damage"
+
+    report = repair_catalog(root)
+    assert check_catalog(path) is None
+    assert report.shards == 3 and report.keys == 120 and report.quarantined == []
+    assert report.kept["datasets"] == 1 and report.kept["dataset_items"] == 3 and report.kept["jobs"] == 1
+    assert report.lost == {}
+    assert Path(report.damaged_file).exists()  # type: ignore[arg-type]
+    _rows_answer(root, want)
+    cat = Catalog(path)
+    items = DatasetStore(cat).items(ds_id)
+    assert items.texts == ["a", "b", "c"] and items.labels == ["x", "y", "x"]
+    cat.close()
+
+
+def test_a_destroyed_header_loses_the_tables_but_not_the_rows(filled) -> None:  # type: ignore[no-untyped-def]
+    root, want, ds_id = filled
+    path = root / "catalog.sqlite"
+    _page_of(path, "entries")  # checkpoint
+    _smash(path, 0, 100)
+    assert "not a database" in (check_catalog(path) or "")
+    report = repair_catalog(root)
+    assert report.keys == 120 and report.kept == {}
+    assert "every table but the key index" in report.lost
+    assert any(line.startswith("LOST every table but the key index") for line in report.lines())
+    _rows_answer(root, want)
+
+
+def test_a_deleted_catalog_is_rebuilt_from_the_shards(filled) -> None:  # type: ignore[no-untyped-def]
+    root, want, _ = filled
+    for p in root.glob("catalog.sqlite*"):
+        p.unlink()
+    report = repair_catalog(root)
+    assert report.damaged_file is None and report.keys == 120 and report.lost == {}
+    _rows_answer(root, want)
+
+
+def test_a_damaged_shard_met_during_repair_is_quarantined(filled) -> None:  # type: ignore[no-untyped-def]
+    root, want, _ = filled
+    (root / "catalog.sqlite").unlink()
+    with __import__("h5py").File(root / "shards" / "job1-00000.h5", "r") as f:
+        lost = {k.decode() for k in f["keys"][:]}
+    _smash(root / "shards" / "job1-00000.h5", 0, 64)  # its superblock
+    report = repair_catalog(root)
+    assert report.quarantined == ["job1-00000.h5"] and report.keys == 80
+    assert (root / "quarantine" / "job1-00000.h5").exists()
+    _rows_answer(root, {k: v for k, v in want.items() if k not in lost})
