@@ -32,6 +32,7 @@ import numpy as np
 
 from layerbank.cache.keys import text_key
 from layerbank.workers.jobs_registry import JobContext, JobError, register_kind
+from layerbank.workers.regimes.options import RegimesOptions
 from layerbank.workers.regimes.resources import Cancelled
 
 __all__ = ["frozen_features", "run_regimes_job"]
@@ -66,11 +67,10 @@ def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
         raise JobError(f"dataset {ds_id} needs a label for every text to compare regimes")
     out_dir = ctx.store.root / "regimes" / ctx.job.id
     try:
+        options = RegimesOptions.from_payload(p, max_length=int(enc.config.max_length or 512),
+                                              device=str(enc.device))
         result = run_regimes(
-            items.texts, items.labels, model_path=enc.name, regimes=p["regimes"], seeds=int(p["seeds"]),
-            top_k=p.get("top_k"), train_sizes=p.get("train_sizes"), max_epochs=int(p["max_epochs"]),
-            patience=int(p.get("patience", 2)), split_seed=int(p.get("split_seed", 0)),
-            max_length=int(enc.config.max_length or 512), device=str(enc.device),
+            items.texts, items.labels, options, model_path=enc.name,
             frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir,
             progress=lambda done, total: ctx.progress({"done": done, "total": total}),
             should_cancel=lambda: not ctx.should_continue())

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +56,12 @@ from layerbank.workers.batching import token_budget_batches
 from layerbank.workers.encoder import Encoder, Tokenized
 from layerbank.workers.regimes.finetune import Split, TrainSettings, finetune
 from layerbank.workers.regimes.linear_probe import probe_head, probe_layers, stratified_split, subsample
+from layerbank.workers.regimes.options import RegimesOptions
 from layerbank.workers.regimes.trainable import LORA_RANK, REGIMES, default_top_k, encoder_params
 from layerbank.workers.regimes.result import choose, save_artifact, table_row
 from layerbank.workers.regimes.resources import PeakMemory, check_cancel, freeing_on_cancel
 
-__all__ = ["DEFAULT_LR", "run_regimes"]
+__all__ = ["DEFAULT_LR", "RegimesOptions", "run_regimes"]
 
 # Encoder learning rates (the head always uses head_lr): few parameters need
 # large steps (BitFit, LoRA), whole layers need small ones.
@@ -68,18 +69,16 @@ DEFAULT_LR = {"bitfit": 1e-3, "lora": 5e-4, "top_k": 5e-5, "gradual": 5e-5, "ful
 Progress = Callable[[int, int], None] | None
 
 
-def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str | None = None,
-                regimes: Sequence[str] = REGIMES, seeds: int | Sequence[int] = 3,
-                top_k: int | None = None, train_sizes: Sequence[int] | None = None,
-                split_seed: int = 0, test_size: float = 0.2, val_size: float = 0.1,
-                max_epochs: int | Mapping[int, int] = 10, patience: int = 2, batch_size: int = 16,
-                lr: float | Mapping[str, float] | None = None, head_lr: float = 1e-3,
-                max_length: int = 128, device: str = "auto", head_init: str = "probe",
-                frozen_features: np.ndarray | None = None, out_dir: str | os.PathLike[str] | None = None,
-                progress: Progress = None,
+def run_regimes(texts: Sequence[str], labels: Sequence[Any], options: RegimesOptions | None = None, *,
+                model_path: str | None = None, frozen_features: np.ndarray | None = None,
+                out_dir: str | os.PathLike[str] | None = None, progress: Progress = None,
                 should_cancel: Callable[[], bool] | None = None,
-                stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+                stage: Callable[[str], None] | None = None, **option_fields: Any) -> dict[str, Any]:
     """Train and score every regime; return a JSON-serialisable result (module docstring).
+
+    ``options`` (layerbank.workers.regimes.options.RegimesOptions) says what to
+    train; its fields may be given as keywords instead (``regimes=..., seeds=2``),
+    or override some of ``options``'. The rest is the data and the hooks.
 
     ``top_k`` is how many bottom layers the ``top_k`` regime freezes (default half);
     ``max_epochs`` may map each train size to its epoch budget; ``lr`` overrides
@@ -90,6 +89,10 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
     ``Cancelled`` (memory already freed) when ``should_cancel()`` turns true, and
     ``ValueError`` for inconsistent input.
     """
+    o = RegimesOptions(**option_fields) if options is None else replace(options, **option_fields)
+    regimes = REGIMES if o.regimes is None else o.regimes
+    seeds, top_k, train_sizes, split_seed = o.seeds, o.top_k, o.train_sizes, o.split_seed
+    max_epochs, lr, head_init, device = o.max_epochs, o.lr, o.head_init, o.device
     unknown = set(regimes) - set(REGIMES)
     if unknown or not regimes:
         raise ValueError(f"unknown regimes {sorted(unknown)}; choose from {REGIMES}")
@@ -107,11 +110,11 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], *, model_path: str 
     dev = device if device != "auto" else ("cuda" if _cuda() else "cpu")
     job = _Job(regimes=tuple(regimes), seeds=[*range(seeds)] if isinstance(seeds, int) else [*seeds],
                sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
-               split_seed=split_seed, top_k=top_k, patience=patience, batch_size=batch_size,
-               rates=rates, head_lr=head_lr, head_init=head_init, device=dev, out=out, progress=progress,
+               split_seed=split_seed, top_k=top_k, patience=o.patience, batch_size=o.batch_size,
+               rates=rates, head_lr=o.head_lr, head_init=head_init, device=dev, out=out, progress=progress,
                should_cancel=should_cancel, stage=stage)
-    return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, test_size, val_size,
-                             max_length, frozen_features)
+    return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, o.test_size, o.val_size,
+                             o.max_length, frozen_features)
 
 
 def _epochs(max_epochs: int | Mapping[int, int], size: int | None) -> int:

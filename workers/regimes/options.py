@@ -1,0 +1,53 @@
+"""What a regimes comparison trains and how: one options object instead of a score of arguments.
+
+``RegimesOptions`` holds the choices (which regimes, seeds, training sizes,
+split, epochs, learning rates, head start) and where it runs (``device``,
+``max_length``); ``run_regimes`` takes it next to the data (texts, labels,
+model, cached features, output directory) and the hooks that report
+(progress, stage, cancel). The HTTP request model (app/api/routes/regimes.py)
+checks a request and becomes the job's payload; ``from_payload`` reads that
+payload back, so the job and the CLI hand ``run_regimes`` the same object.
+
+No torch here: importing it costs nothing.
+
+Example::
+
+    opts = RegimesOptions(regimes=("frozen", "lora"), seeds=2, train_sizes=(100, 400))
+    run_regimes(texts, labels, opts, model_path=path, progress=print)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["RegimesOptions"]
+
+
+@dataclass(frozen=True)
+class RegimesOptions:
+    """A regimes comparison; see ``layerbank.workers.regimes.run.run_regimes``."""
+
+    regimes: Sequence[str] | None = None  # None: every regime (trainable.REGIMES, which imports torch)
+    seeds: int | Sequence[int] = 3  # a count (0..n-1) or the seeds themselves
+    top_k: int | None = None  # bottom layers the top_k regime freezes (None: half)
+    train_sizes: Sequence[int] | None = None  # a learning curve over these sizes (None: all rows)
+    split_seed: int = 0
+    test_size: float = 0.2
+    val_size: float = 0.1
+    max_epochs: int | Mapping[int, int] = 10  # or per train size
+    patience: int = 2
+    batch_size: int = 16
+    lr: float | Mapping[str, float] | None = None  # None: run.DEFAULT_LR
+    head_lr: float = 1e-3
+    max_length: int = 128
+    device: str = "auto"
+    head_init: str = "probe"  # or "random"
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any], **where: Any) -> RegimesOptions:
+        """The options a regimes job's payload asks for; ``where``: device, max_length."""
+        names = {f.name for f in fields(cls)}
+        given = {k: v for k, v in payload.items() if k in names and v is not None}
+        return cls(**{**given, **where})
