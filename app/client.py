@@ -283,7 +283,7 @@ class Client:
         if wait:
             self.wait(ds, progress=progress)
             ds = self.dataset(ds["id"])
-        return ds  # type: ignore[no-any-return]
+        return ds
 
     def _upload_path(self, p: Path, name: str | None, text_column: str | None,
                      label_column: str | None, format: str | None, no_header: bool,

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -83,7 +84,7 @@ def test_embeddings_are_the_openai_route_as_a_matrix(lb: layerbank.Client) -> No
                                  "truncated (omit dimensions or send 384)")
 
 
-def test_datasets_from_a_list_a_dataframe_and_a_parquet_file(
+def test_datasets_from_a_list_a_dataframe_parquet_and_hugging_face_datasets(
         lb: layerbank.Client, dataset: dict[str, Any], tmp_path: Path) -> None:
     assert dataset["job"]["state"] == "succeeded" and dataset["n_items"] == 48
     assert sorted(dataset["labels"]) == ["0", "1"]
@@ -102,6 +103,15 @@ def test_datasets_from_a_list_a_dataframe_and_a_parquet_file(
     from_pq = lb.upload_dataset(path=path, text_column="review", label_column="sentiment", wait=True)
     assert from_pq["name"] == "reviews" and from_pq["n_items"] == 10
     np.testing.assert_array_equal(lb.dataset_features(from_pq["id"]), X[5:15])
+
+    hf = datasets.Dataset.from_pandas(frame, preserve_index=False)
+    from_hf = lb.upload_dataset("sst-hf", hf.select(range(10, 20)), text_column="review",
+                                label_column="sentiment", wait=True)
+    np.testing.assert_array_equal(lb.dataset_features(from_hf), X[10:20])
+    hf.save_to_disk(tmp_path / "saved")
+    from_disk = lb.upload_dataset(path=tmp_path / "saved", text_column="review", wait=True)
+    assert from_disk["name"] == "saved" and from_disk["n_items"] == 20 and "labels" not in from_disk
+    np.testing.assert_array_equal(lb.dataset_features(from_disk), X[:20])
 
     with pytest.raises(layerbank.ApiError) as err:  # checked here, before any request
         lb.upload_dataset("x", frame, text_column="text")
@@ -173,7 +183,7 @@ def test_429_is_retried_after_retry_after_and_past_the_bound_the_servers_error_i
     answer: dict[str, Any] = {}
     t = threading.Thread(target=lambda: answer.update(patient.upload_dataset("third", third)))
     t.start()
-    _until(lambda: bool(patient.retries))  # refused once, now sleeping its Retry-After
+    _until(lambda: bool(patient.retries) or not t.is_alive())  # refused once, sleeping its Retry-After
     assert patient.retries == [(429, 10.0)]
     assert lb.cancel(waiting)["state"] == "cancelled"  # a queued job: at once, room in the queue
     cancelled = lb.cancel(long_ds)  # running: stops at its next batch
