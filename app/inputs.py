@@ -18,26 +18,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from layerbank.app.text_table import InputError, TextTable  # shared with layerbank.app.tables
 
 __all__ = ["InputError", "TextTable", "read_texts", "parse_texts", "FORMATS"]
 
 FORMATS = ("txt", "jsonl", "csv", "tsv")
-
-
-class InputError(ValueError):
-    """A file or upload that cannot be read as texts; the message says where."""
-
-
-@dataclass
-class TextTable:
-    texts: list[str]
-    labels: list[Any] | None
-    lines: list[int]  # 1-based line of each kept text, for messages
-    skipped_empty: list[int] = field(default_factory=list)  # lines of skipped texts
-    columns: list[str] = field(default_factory=list)
 
 
 def _decode_lines(data: bytes) -> list[str]:

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from layerbank.app.inputs import InputError, TextTable
+from layerbank.app.text_table import InputError, TextTable
 
 __all__ = ["is_table", "is_table_path", "read_table_path", "table_texts"]
 
