@@ -16,7 +16,8 @@ from layerbank.app.api.settings import Settings
 from layerbank.cache.keys import PRECISION_CHOICES
 from layerbank.cache.poolings import POOLING_NAMES
 
-__all__ = ["add_flag", "add_common_flags", "add_poolings_flag", "settings_from", "fail"]
+__all__ = ["add_flag", "add_common_flags", "add_poolings_flag", "settings_from", "fail",
+           "add_progress_flag", "quiet_progress"]
 
 
 def _env(flag: str) -> str:
@@ -56,6 +57,34 @@ def add_poolings_flag(p: argparse.ArgumentParser) -> None:
     own ``--poolings`` says which to probe)."""
     p.add_argument("--poolings", help="poolings stored per text, comma-separated, from: "
                    f"{', '.join(POOLING_NAMES)} (default: mean,cls,max) [env LAYERBANK_POOLINGS]")
+
+
+def add_progress_flag(p: argparse.ArgumentParser) -> None:
+    """``--no-progress`` (twin LAYERBANK_NO_PROGRESS), unless ``p`` has it already.
+
+    main.py adds it to every subcommand, so a script can pass it to any."""
+    if any("--no-progress" in a.option_strings for a in p._actions):
+        return
+    add_flag(p, "--no-progress", action="store_true", help="no progress bars (layerbank's and the model "
+             "loader's); the cost line before a long run stays")
+
+
+def quiet_progress() -> None:
+    """Turn every progress bar off, in this process and the processes it starts.
+
+    tqdm (ours) reads TQDM_DISABLE; Hugging Face's loaders read
+    HF_HUB_DISABLE_PROGRESS_BARS when imported, or are told directly when
+    they already are."""
+    os.environ["TQDM_DISABLE"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
         raise
     with ex:
+        from layerbank.app.cli.cost import announce
+
+        announce(ex, table.texts, want_tokens=args.tokens)  # a large run says what it will cost first
         try:
             summary = ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10],
                                  want_tokens=args.tokens, progress_bar=not args.no_progress,

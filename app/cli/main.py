@@ -18,6 +18,7 @@ import logging
 import sys
 
 from layerbank import __version__
+from layerbank.app.cli.common import add_progress_flag, quiet_progress
 
 __all__ = ["main"]
 
@@ -37,12 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         mod.register(sub)
+    for command in sub.choices.values():  # every subcommand, those to come included
+        add_progress_flag(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.no_progress:
+        quiet_progress()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return int(args.run(args) or 0)
 

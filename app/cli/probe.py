@@ -120,12 +120,6 @@ class _Bar:
         if self.bar is not None:
             self.bar.set_description(text, refresh=True)
 
-    def stage(self, text: str) -> None:
-        """Name what the bar is counting now (e.g. which regime and seed)."""
-        self.desc = text
-        if self.bar is not None:
-            self.bar.set_description(text, refresh=True)
-
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -278,10 +272,15 @@ def _run_token(args: argparse.Namespace) -> int:
         raise
     settings = settings_from(args)
     with _open(settings) as ex:
+        from layerbank.app.cli.cost import announce, memory_line
+
+        announce(ex, texts, want_tokens=True)  # a large set: texts, tokens, bytes on disk, time
         ex.extract(texts, job_id="cli-" + uuid.uuid4().hex[:10], want_tokens=True,
                    progress_bar=not args.no_progress, max_tokens=settings.max_tokens_per_batch,
                    part_size=settings.part_size)
         fp, config = ex.encoder.fingerprint, ex.encoder.config
+        if line := memory_line(ex.encoder.info, sum(len(s.words) for s in train + valid)):
+            print(line, file=sys.stderr, flush=True)
         train_states = word_states(ex.store, fp, config, train, mode=args.word_mode)
         valid_states = word_states(ex.store, fp, config, valid, mode=args.word_mode)
         model = _model(ex)

@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
     run_id = "cli-" + uuid.uuid4().hex[:10]
     bar = _Bar(not args.no_progress, "epoch")
     with _open(settings) as ex:
+        from layerbank.app.cli.cost import announce
+
+        announce(ex, table.texts)
         ex.extract(table.texts, job_id=run_id, progress_bar=not args.no_progress,
                    max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
         keys = [ex.store.key(ex.encoder.fingerprint, ex.encoder.config, t) for t in table.texts]
