@@ -15,6 +15,7 @@ What a notebook user would check against the command line and the server:
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -145,3 +146,27 @@ def test_grid_search_over_layer_features_encodes_each_text_once(tmp_path: Path) 
     assert search.best_params_["feats__view"] in grid["feats__view"]
     assert search.best_params_["feats__pooling"] in grid["feats__pooling"]
     assert search.best_score_ >= 0.7  # SST-2 sentiment from frozen MiniLM features
+
+
+def test_readme_notebook_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """README's "In a notebook" block, as written, from a fresh directory
+    (so ./layerbank-data is new) next to the repository's examples/."""
+    from layerbank import Bank
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("\n## In a notebook\n"):]
+    code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("LAYERBANK_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LAYERBANK_THREADS", "1")  # the test machine's cores are shared
+    try:
+        exec(compile(code, "README.md (In a notebook)", "exec"), {"__name__": "__readme__"})
+    finally:
+        Bank.shared().close()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1] == "{'encoded': 300, 'cached': 300}"
+    assert printed[-1] == "{'encoded': 0, 'cached': 9300}"
+    assert (tmp_path / "layerbank-data" / "catalog.sqlite").is_file()
