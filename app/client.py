@@ -326,7 +326,7 @@ class Client:
         body = dict(options)
         if dataset is not None:
             body["dataset"] = _id(dataset, "id")
-        return self._after_dataset(dataset, "POST", "/v1/probes", json=body)
+        return self._after_job("POST", "/v1/probes", json=body)
 
     def probe(self, dataset: str | dict[str, Any] | None = None, *, progress: bool = True,
               timeout: float | None = None, **options: Any) -> dict[str, Any]:
@@ -362,7 +362,7 @@ class Client:
             body["dataset"] = _id(dataset, "id")
         if probe is not None:
             body["probe"] = _id(probe, "probe_id", "id")
-        rec = self._after_dataset(dataset, "POST", "/v1/heads", json=body)
+        rec = self._after_job("POST", "/v1/heads", json=body)
         if not wait:
             return rec
         self.wait(rec, timeout=timeout, progress=progress, desc="head")
@@ -389,8 +389,7 @@ class Client:
     # -- regimes ----------------------------------------------------------------
     def submit_regimes(self, dataset: str | dict[str, Any], **options: Any) -> dict[str, Any]:
         """Queue a regimes comparison (``POST /v1/regimes``; options as docs/regimes.md)."""
-        return self._after_dataset(dataset, "POST", "/v1/regimes",
-                                   json={**options, "dataset": _id(dataset, "id")})
+        return self._after_job("POST", "/v1/regimes", json={**options, "dataset": _id(dataset, "id")})
 
     def regimes(self, dataset: str | dict[str, Any], *, progress: bool = True,
                 timeout: float | None = None, **options: Any) -> dict[str, Any]:
@@ -406,16 +405,17 @@ class Client:
     def regimes_plot(self, regimes: str | dict[str, Any]) -> bytes:
         return self._send("GET", f"/v1/regimes/{_id(regimes, 'regimes_id', 'id')}/plot.png").content
 
-    def _after_dataset(self, dataset: str | dict[str, Any] | None, method: str, path: str,
-                       **kw: Any) -> dict[str, Any]:
-        """A job submission that needs the dataset extracted: on the server's 409
-        (extraction still running) wait for that job, then submit once more."""
+    def _after_job(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        """A submission that needs another job done first (a dataset's extraction, the
+        probe a head takes its view from): on the server's 409 naming that job while
+        it is queued or running, wait for it, then submit once more."""
         try:
             return self.request(method, path, **kw)  # type: ignore[no-any-return]
         except ApiError as e:
-            job_id = (e.body or {}).get("job_id") if isinstance(e.body, dict) else None
-            if e.status != 409 or not job_id or dataset is None:
-                raise
+            body = e.body if isinstance(e.body, dict) else {}
+            job_id = body.get("job_id")
+            if e.status != 409 or not job_id or body.get("job_state") not in ("queued", "running"):
+                raise  # a failed extraction: the server's message says to upload it again
         self.wait(job_id)
         return self.request(method, path, **kw)  # type: ignore[no-any-return]
 

@@ -136,3 +136,38 @@ def test_one_string_is_refused_as_texts_rather_than_sent_as_its_characters() -> 
     c = Client("http://lb.test", transport=httpx.MockTransport(_jobs({})))
     with pytest.raises(TypeError, match=r"wrap it as \[text\]"):
         c.features("a great film")
+
+
+def test_a_probe_on_a_dataset_still_extracting_waits_for_it_then_submits_once_more() -> None:
+    calls: list[str] = []
+    extracting = {"error": "dataset ds_1 is not ready: its extraction job ex1 is running",
+                  "type": "conflict", "job_id": "ex1", "job_state": "running"}
+    answers = {
+        "POST /v1/probes": [httpx.Response(409, json=extracting),
+                            httpx.Response(202, json={"id": "pr1", "job_id": "pr1", "state": "queued"})],
+        "GET /v1/jobs/ex1": [httpx.Response(200, json={"id": "ex1", "state": "running", "progress": {}}),
+                             httpx.Response(200, json={"id": "ex1", "state": "succeeded", "progress": {}})],
+        "GET /v1/jobs/pr1": [httpx.Response(200, json={"id": "pr1", "state": "succeeded", "progress": {},
+                                                       "result": {"best": {"view": "layer:4"}}})],
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        key = f"{request.method} {request.url.path}"
+        calls.append(key)
+        return answers[key].pop(0)
+
+    c = Client("http://lb.test", transport=httpx.MockTransport(handler))
+    c._sleep = lambda s: None
+    result = c.probe({"id": "ds_1", "job_id": "ex1"}, views=["each_layer"], progress=False)
+    assert result == {"best": {"view": "layer:4"}, "probe_id": "pr1"}
+    assert calls == ["POST /v1/probes", "GET /v1/jobs/ex1", "GET /v1/jobs/ex1", "POST /v1/probes",
+                     "GET /v1/jobs/pr1"]
+
+
+def test_a_probe_on_a_dataset_whose_extraction_failed_raises_the_servers_409() -> None:
+    failed = {"error": "dataset ds_1 has no features: its extraction job ex1 failed: disk full; upload it "
+                       "again", "type": "conflict", "job_id": "ex1", "job_state": "failed"}
+    c, _, seen = _client([httpx.Response(409, json=failed)])
+    with pytest.raises(ApiError) as e:
+        c.probe("ds_1", progress=False)
+    assert (e.value.status, e.value.message, len(seen)) == (409, failed["error"], 1)
