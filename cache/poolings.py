@@ -29,6 +29,8 @@ POOLINGS: dict[str, str] = {
     "mean": "mean over the real tokens (mask-aware, special tokens included)",
     "cls": "the first token's vector ([CLS] in BERT-family models)",
     "max": "elementwise maximum over the real tokens",
+    "last_token": "the last real token's vector (mask-aware, right or left padding), what "
+                  "decoder-style embedders use; [SEP] in BERT-family models",
 }
 POOLING_NAMES: tuple[str, ...] = tuple(POOLINGS)
 # the type pydantic models and settings use: their JSON-schema enum is this registry

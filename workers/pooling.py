@@ -41,6 +41,12 @@ class TokenMask:
         return self.weights.sum(dim=2).clamp(min=1)  # [n, 1]
 
     @cached_property
+    def last(self) -> torch.Tensor:
+        """[n] position of each row's last real token, wherever the padding sits."""
+        positions = torch.arange(self.mask.shape[1], device=self.mask.device)
+        return (self.mask * positions).argmax(dim=1)
+
+    @cached_property
     def pad(self) -> torch.Tensor | None:
         return (self.mask == 0)[:, :, None] if self.padded else None  # [n, t, 1]
 
@@ -60,10 +66,15 @@ def _max(h: torch.Tensor, m: TokenMask) -> torch.Tensor:
     return (h if m.pad is None else h.masked_fill(m.pad, float("-inf"))).amax(dim=1)
 
 
+def _last_token(h: torch.Tensor, m: TokenMask) -> torch.Tensor:
+    return h[torch.arange(h.shape[0], device=h.device), m.last]
+
+
 POOL_FUNCTIONS: dict[str, Callable[[torch.Tensor, TokenMask], torch.Tensor]] = {
     "mean": _mean,
     "cls": _cls,
     "max": _max,
+    "last_token": _last_token,
 }
 
 

@@ -24,6 +24,7 @@ def _reference() -> dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
         "mean": lambda x, pos: x.mean(axis=0),
         "cls": lambda x, pos: x[0],
         "max": lambda x, pos: x.max(axis=0),
+        "last_token": lambda x, pos: x[-1],
     }
 
 
