@@ -33,21 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from layerbank.cache.fingerprint import default_model_path, model_fingerprint
+from layerbank.cache.fingerprint import model_fingerprint
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.poolings import DEFAULT_POOLINGS, parse_poolings
 from layerbank.cache.shard import TokenRows
 
 from .pooling import pool_hidden_states
 from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
+# defined without torch, so the command line can fail on a missing model before importing torch
+from .model_source import ModelLoadError, locate_model
 
 __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
 
 log = logging.getLogger("layerbank.encoder")
 
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded (unknown name, no network, bad files)."""
 
 
 @dataclass
@@ -93,15 +92,17 @@ class Encoder:
              poolings: str | Sequence[str] = DEFAULT_POOLINGS) -> Encoder:
         from transformers import AutoModel, AutoTokenizer
 
-        name = name_or_path or default_model_path()
-        if _looks_like_path(name) and not os.path.isdir(name):
-            # transformers would treat it as a hub id and answer with a repo-id rule
-            raise ModelLoadError(f"cannot load model {name!r}: there is no model directory at that path")
+        # a missing path or an unreachable hub fails here in one line, not after the hub's retries
+        source = locate_model(name_or_path)
+        name = source.name
         dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                            else ("cpu" if device == "auto" else device))
         try:
-            tok = AutoTokenizer.from_pretrained(name, use_fast=True, trust_remote_code=trust_remote_code)
-            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+            # found in the local Hugging Face cache: read it there, ask the hub nothing
+            local_only = {"local_files_only": True} if source.from_hf_cache else {}
+            tok = AutoTokenizer.from_pretrained(name, use_fast=True, trust_remote_code=trust_remote_code,
+                                                **local_only)
+            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **local_only}
             if dev.type == "cuda":
                 kwargs["attn_implementation"] = "sdpa"
             model = AutoModel.from_pretrained(name, **kwargs)
@@ -226,12 +227,6 @@ class Encoder:
         host.copy_(x, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
         return host.numpy()
-
-
-def _looks_like_path(name: str) -> bool:
-    """A local path, not a hub id ("org/name" is a hub id; "/x", "./x", "~/x" are paths)."""
-    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\", "..\\")) \
-        or os.path.exists(name)
 
 
 def _model_max_length(model: Any, tok: Any) -> int:

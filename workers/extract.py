@@ -18,16 +18,18 @@ import ctypes
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from layerbank.cache.shard import ShardContents, TokenRows
 from layerbank.cache.store import FeatureStore
 
 from .batching import batch_cost_tokens, default_max_tokens, min_padding_batches
-from .encoder import Encoded, Encoder
+
+if TYPE_CHECKING:  # torch loads with the encoder, not with this module: a run whose
+    # texts are all stored plans and reports without it (app/cli/store_first.py)
+    from .encoder import Encoded, Encoder
 
 __all__ = ["ExtractSummary", "Part", "Plan", "Progress", "Stopped", "extract", "plan_parts"]
 
@@ -174,6 +176,8 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
     Pooled rows stay float32 until the shard writer casts them, so that it
     can refuse values the storage dtype cannot hold (float16 overflow).
     """
+    from .encoder import Encoded
+
     tok = encoder.tokenize(texts, want_offsets=want_tokens)
     n = len(texts)
     pooled: dict[str, np.ndarray] = {}
@@ -237,6 +241,8 @@ def _storage_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
     Rows that would overflow are returned as float32, unchanged, so that the
     shard writer refuses them with its own error (layerbank.cache.shard.StorageRangeError).
     """
+    import torch
+
     if dtype != "float16":
         return rows
     src = torch.from_numpy(rows)

@@ -55,10 +55,11 @@ class StoreFirst:
     is None when the catalog cannot make this run's keys without the encoder)."""
 
     def __init__(self, store: FeatureStore, lock: Any, source: ModelSource,
-                 model: ModelRef | None) -> None:
+                 model: ModelRef | None, poolings: Sequence[str] = ()) -> None:
         self.store = store
         self.source = source
         self.model = model
+        self.poolings = tuple(poolings)  # a row whose shard lacks one of them is a miss
         self._lock = lock
 
     @classmethod
@@ -78,7 +79,7 @@ class StoreFirst:
         except BaseException:
             lock.release()
             raise
-        return cls(store, lock, source, model)
+        return cls(store, lock, source, model, settings.pooling_names)
 
     @property
     def n_hidden_states(self) -> int | None:
@@ -101,7 +102,7 @@ class StoreFirst:
         t0 = time.perf_counter()
         keys = self.keys(texts)
         unique = list(dict.fromkeys(keys))
-        hits = self.store.lookup(unique, need_tokens=want_tokens)
+        hits = self.store.lookup(unique, need_tokens=want_tokens, poolings=self.poolings)
         if len(hits) < len(unique):
             return None
         return ExtractSummary(texts=len(texts), unique_texts=len(unique), cache_hits=len(hits),
