@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -136,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -41,7 +41,8 @@ def test_features_match_the_encoder_and_count_encoded_then_cached(bank: Bank, ti
     assert bank.stats == {"encoded": 3, "cached": 3}
 
 
-def test_a_second_bank_reads_the_store_without_loading_the_encoder(tmp_path: Path, tiny_model_dir: str) -> None:
+def test_a_second_bank_reads_the_store_without_loading_the_encoder(tmp_path: Path,
+                                                                  tiny_model_dir: str) -> None:
     with Bank(tmp_path / "data", tiny_model_dir, device="cpu") as first:
         x = first.features(TEXTS, "layer:1")
     with Bank(tmp_path / "data", tiny_model_dir, device="cpu") as second:
@@ -152,3 +153,10 @@ def test_a_dataframe_by_column_name(bank: Bank) -> None:
         bank.features(pd.DataFrame({"text": ["a", " "]}))
     with pytest.raises(ValueError, match="give labels"):
         bank.probe(df, text_column="review")
+
+
+def test_reaching_bank_imports_neither_torch_nor_sklearn() -> None:
+    code = ("import sys, layerbank; layerbank.Bank; "
+            "print(sorted(m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
