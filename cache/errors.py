@@ -51,4 +51,8 @@ def failure_type(exc: BaseException) -> str:
     lives in cache/space.py and says "storage"); anything else is "internal".
     """
     t = getattr(exc, "failure_type", None)
-    return t if t in FAILURE_TYPES else "internal"
+    if t in FAILURE_TYPES:
+        return t  # type: ignore[no-any-return]
+    from .space import is_disk_full  # a full disk met outside a shard write (the catalog, a head's files)
+
+    return "storage" if is_disk_full(exc) else "internal"

@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["ShardWriteError", "as_write_error", "check_room", "estimate_bytes"]
+__all__ = ["ShardWriteError", "as_write_error", "check_room", "estimate_bytes", "is_disk_full"]
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _PER_CHUNK = 96  # fletcher32 checksum + B-tree entry, rounded up
@@ -105,6 +105,20 @@ def _disk_errno(exc: BaseException | None) -> int | None:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return None
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """A full disk, quota or file-size limit, whoever hit it: an OSError with ENOSPC, EDQUOT
+    or EFBIG in its chain, or SQLite's own "database or disk is full" (the catalog or
+    its WAL could not grow)."""
+    e: BaseException | None = exc
+    for _ in range(8):
+        if e is None:
+            break
+        if type(e).__name__ == "OperationalError" and "disk is full" in str(e):  # sqlite3, not imported here
+            return True
+        e = e.__cause__ or e.__context__
+    return _disk_errno(exc) is not None
 
 
 def as_write_error(exc: BaseException, path: Path, need: int) -> ShardWriteError | None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerbank.app.api.errors import ApiError, Overloaded, Timeout, job_failure
+from layerbank.cache.errors import failure_type
 from layerbank.cache.jobs import JobQueue
 
 __all__ = ["ENCODE_PRIORITY", "BatchStats", "Batcher", "failure"]
@@ -172,8 +173,8 @@ class Batcher:
                                                   "want_tokens": want_tokens},
                                        priority=ENCODE_PRIORITY)
             error, error_type = await self._wait(job_id)
-        except Exception as e:  # the catalog itself failed: every waiter hears it
-            error, error_type = f"{type(e).__name__}: {e}", None
+        except Exception as e:  # the catalog itself failed (full disk: 507): every waiter hears it
+            error, error_type = f"{type(e).__name__}: {e}", failure_type(e)
         if error is None and self.on_done is not None:
             try:  # e.g. read the whole batch's rows at once, rather than once per request
                 await self.on_done([w.hint for w in waiters])

@@ -10,8 +10,9 @@ and learned from any request that trips over damage.
   translated here, once: a damaged catalog (``database disk image is
   malformed``, ``file is not a database``) is 503 naming ``layerbank repair``
   (and marks the state, so ``/ready`` says so at once) instead of a 500 on
-  every request; SQLite's own ``database or disk is full`` is 507, as a full
-  disk is everywhere else.
+  every request; SQLite's own ``database or disk is full``, and any OSError
+  with ENOSPC/EDQUOT/EFBIG, is 507, as a full disk is everywhere else
+  (cache/space.py ``is_disk_full``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.errors import body_for
 from layerbank.cache.repair import check_catalog
+from layerbank.cache.space import is_disk_full
 
-__all__ = ["REPAIR_HINT", "install_catalog_handlers", "is_damage", "is_disk_full", "watch_catalog"]
+__all__ = ["REPAIR_HINT", "install_catalog_handlers", "is_damage", "watch_catalog"]
 
 log = logging.getLogger("layerbank.api")
 REPAIR_HINT = "stop the server and run `layerbank repair` to rebuild it from the shards"
@@ -39,8 +41,6 @@ def is_damage(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.DatabaseError) and any(s in str(exc).lower() for s in _DAMAGE)
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc).lower()
 
 
 def _mark(state: Any, problem: str) -> None:
@@ -66,13 +66,27 @@ async def watch_catalog(state: Any, every_s: float) -> None:
         await asyncio.sleep(every_s)
 
 
+def _internal(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(body_for(request.url.path, 500, "internal error; the server log has the details",
+                                 "internal"), status_code=500)
+
+
+def _disk_full(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s: the disk is full: %s", request.method, request.url.path, exc)
+    msg = (f"the disk holding the data directory is full ({exc}); nothing was changed; free some "
+           "space and send the request again")
+    return JSONResponse(body_for(request.url.path, 507, msg, "insufficient_storage"), status_code=507)
+
+
+async def _os_error(request: Request, exc: Exception) -> JSONResponse:
+    return _disk_full(request, exc) if is_disk_full(exc) else _internal(request, exc)
+
+
 async def _sqlite_error(request: Request, exc: Exception) -> JSONResponse:
     path = request.url.path
-    if is_disk_full(exc):
-        log.error("%s %s: the catalog cannot grow: %s", request.method, path, exc)
-        msg = ("the disk holding the catalog is full (SQLite: database or disk is full); nothing was "
-               "changed; free some space and send the request again")
-        return JSONResponse(body_for(path, 507, msg, "insufficient_storage"), status_code=507)
+    if is_disk_full(exc):  # SQLite's own "database or disk is full": the catalog or its WAL
+        return _disk_full(request, exc)
     if is_damage(exc):
         _mark(getattr(request.app.state, "layerbank", None), str(exc))
         msg = f"the catalog is damaged ({exc}); {REPAIR_HINT}"
@@ -80,10 +94,9 @@ async def _sqlite_error(request: Request, exc: Exception) -> JSONResponse:
     if "locked" in str(exc).lower() or "busy" in str(exc).lower():
         return JSONResponse(body_for(path, 503, "the catalog is busy; retry shortly", "not_ready"),
                             status_code=503, headers={"Retry-After": "1"})
-    log.exception("unhandled catalog error on %s %s", request.method, path, exc_info=exc)
-    return JSONResponse(body_for(path, 500, "internal error; the server log has the details", "internal"),
-                        status_code=500)
+    return _internal(request, exc)
 
 
 def install_catalog_handlers(app: FastAPI) -> None:
     app.add_exception_handler(sqlite3.DatabaseError, _sqlite_error)
+    app.add_exception_handler(OSError, _os_error)  # ENOSPC/EDQUOT/EFBIG -> 507, anything else 500

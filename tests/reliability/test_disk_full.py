@@ -22,8 +22,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from layerbank.app.client import JobFailed
@@ -155,5 +158,96 @@ def test_full_disk_fails_the_job_clearly_and_a_retry_succeeds(
             assert time.monotonic() < deadline
             time.sleep(0.2)
         cat.close()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 16 MiB tmpfs holding the whole data directory: catalog, WAL, shards, heads."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount for a tmpfs")
+    mnt = tmp_path / "data"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], timeout=60, check=False)
+
+
+def _fill_to_zero(mnt: Path) -> Path:
+    """Fill the filesystem until not one more byte fits."""
+    filler = mnt / "filler"
+    with open(filler, "wb", buffering=0) as fh:  # unbuffered: each write meets the disk
+        for size in (1 << 20, 65536, 4096, 1):
+            try:
+                while fh.write(b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    return filler
+
+
+def _state(server: ServerProcess) -> tuple[Any, ...]:
+    """What a refused request must leave unchanged: stored keys, datasets, heads."""
+    cat = Catalog(server.data_dir / "catalog.sqlite")
+    try:
+        keys = cat.stats()["keys"]
+    finally:
+        cat.close()
+    return (keys, [d["id"] for d in server.get("/v1/datasets").json()["data"]],
+            [h["id"] for h in server.get("/v1/heads").json()["data"]])
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_is_507_everywhere_and_nothing_changes(small_tmpfs: Path, tiny_model_dir: str) -> None:
+    server = ServerProcess(small_tmpfs, {"model": tiny_model_dir, "heartbeat_seconds": 1,
+                                         "catalog_check_seconds": 3600})
+    try:
+        server.start()
+        texts = phrases(24, 36000)
+        labelled = server.post("/v1/datasets", json={"name": "labelled", "texts": texts,
+                                                     "labels": [i % 2 for i in range(24)]}).json()
+        assert server.wait_job(labelled["job_id"])["state"] == "succeeded"
+        filler = _fill_to_zero(small_tmpfs)
+        before = _state(server)
+        new = phrases(8, 36100)
+        asks: dict[str, Callable[[], httpx.Response]] = {
+            "features (misses)": lambda: server.post("/v1/features", json={"texts": new}),
+            "embeddings (misses)": lambda: server.post("/v1/embeddings", json={"input": new}),
+            "dataset upload (JSON)": lambda: server.post("/v1/datasets", json={"name": "n", "texts": new}),
+            "dataset upload (file)": lambda: server.post(
+                "/v1/datasets", files={"file": ("n.txt", "\n".join(new).encode())}),
+        }
+        for what, ask in asks.items():
+            r = ask()
+            assert r.status_code == 507, (what, r.status_code, r.text)
+            body = r.json()
+            kind = body["error"]["code"] if what.startswith("embeddings") else body["type"]
+            assert kind == "insufficient_storage", (what, body)
+            assert _state(server) == before, what
+        # jobs that write where there is no room fail with the storage type (507 when asked)
+        for what, path, body in [("probe", "/v1/probes", {"dataset": labelled["id"], "cv": 2}),
+                                 ("head", "/v1/heads", {"dataset": labelled["id"], "view": "layer:-1"})]:
+            r = server.post(path, json=body)
+            if r.status_code == 202:  # the catalog still had room for the job row
+                job = server.wait_job(r.json().get("job_id") or r.json()["id"])
+                # a probe keeps its result in the catalog (room may be left in its WAL); a head
+                # writes files, and there is no room for them
+                assert job["state"] in (("failed", "succeeded") if what == "probe" else ("failed",)), job
+                if job["state"] == "failed":
+                    assert job["error_type"] == "storage", (what, job)
+                    got = server.get(f"/v1/jobs/{job['id']}")
+                    assert got.status_code == 200
+            else:
+                assert r.status_code == 507 and r.json()["type"] == "insufficient_storage", (what, r.text)
+        assert server.get("/health").status_code == 200
+
+        filler.unlink()  # room again: the same requests succeed
+        for what, ask in asks.items():
+            r = ask()
+            assert r.status_code in (200, 202), (what, r.status_code, r.text)
     finally:
         server.stop()
