@@ -67,6 +67,8 @@ def register(sub: Any) -> None:
     add_flag(p, "--cv", type=int, default=5, help="cross-validation folds")
     add_flag(p, "--seed", type=int, default=0, help="seed of folds, control labels and heads")
     add_flag(p, "--no-control-task", action="store_true", help="skip the shuffled-label control task")
+    add_flag(p, "--no-mdl", action="store_true",
+             help="skip the online codelength (MDL) of every view (about two folds' worth of fits)")
     add_flag(p, "--no-learning-curve", action="store_true", help="skip the learning curve")
     add_flag(p, "--train-sizes", default="50,100,200,500,1000", help="learning-curve training sizes")
     add_flag(p, "--train", help="token task: word set to train on (CoNLL, .json, .jsonl)")
@@ -186,7 +188,7 @@ def _probe_and_report(args: argparse.Namespace, states: dict[str, Any], labels: 
     try:
         result = probe_sentences(states.__getitem__, labels, views=views, poolings=poolings,
                                  head=args.head, cv=args.cv, seed=args.seed,
-                                 control_task=not args.no_control_task,
+                                 control_task=not args.no_control_task, mdl=not args.no_mdl,
                                  learning_curve=not args.no_learning_curve, train_sizes=sizes,
                                  model=model, progress=bar)
     except ProbeInputError as e:  # e.g. a view this model does not have
@@ -218,12 +220,18 @@ def _sentence_table(r: dict[str, Any]) -> str:
     control = {c["view"]: c for c in (r["control_task"] or {}).get("results", [])}
     control_pooling = (r["control_task"] or {}).get("pooling")
     width = max(len("view"), *(len(x["view"]) for x in r["results"]))
-    lines = [f"{'view':<{width}}  pooling  accuracy        macro-F1  control  selectivity  fit s/fold"]
+    # selectivity on accuracy and on macro-F1 (the control is the same labels, shuffled);
+    # compression: MDL, uniform / online codelength (1.0: nothing learnt)
+    lines = [f"{'view':<{width}}  pooling  accuracy        macro-F1  control  selectivity  sel. F1  "
+             "compression  fit s/fold"]
     for x in r["results"]:
         c = control.get(x["view"]) if x["pooling"] == control_pooling else None
         acc = f"{x['accuracy']['mean']:.3f} ± {x['accuracy']['std']:.3f}"
+        mdl = x.get("mdl")
         lines.append(f"{x['view']:<{width}}  {x['pooling']:<7}  {acc:<14}  {x['macro_f1']['mean']:<8.3f}  "
                      f"{_num(c and c['control_accuracy']):<7}  {_num(c and c['selectivity']):<11}  "
+                     f"{_num(c and c.get('selectivity_macro_f1')):<7}  "
+                     f"{'-' if not mdl else format(mdl['compression'], '.2f'):<11}  "
                      f"{x['fit_seconds']['mean']:.3f}")
     t, b = r["task"], r["best"]
     selectivity = "" if b["selectivity"] is None else f", selectivity {b['selectivity']:.3f}"
@@ -241,6 +249,8 @@ def _sentence_table(r: dict[str, Any]) -> str:
         points = "  ".join(f"{p['train_size']:,}{' (all)' if p['label'] == 'all' else ''}: "
                            f"{p['accuracy']['mean']:.3f}" for p in lc["points"])
         lines.append(f"learning curve ({lc['view']}, {lc['pooling']}): {points}")
+    if r.get("mdl_seconds") is not None:
+        lines.append(f"MDL (online codelength, Voita & Titov 2020): {r['mdl_seconds']:.1f} s of fitting")
     lines += [f"warning: {w}" for w in r["warnings"]]
     lines += ["", "recommendation:", textwrap.fill(r["recommendation"]["text"], 100, initial_indent="  ",
                                                    subsequent_indent="  ")]
@@ -297,7 +307,7 @@ def _run_token(args: argparse.Namespace) -> int:
         with threadpool_limits(limits=1):
             result = run_token_probe(train_states, valid_states, views=_list(args.views, "each_layer"),
                                      seed=args.seed, control_task=not args.no_control_task, span_f1=bio,
-                                     progress=bar)
+                                     mdl=not args.no_mdl, progress=bar)
     except ValueError as e:  # a view this model lacks, a single tag ...
         bar.close()
         fail(str(e))
@@ -318,12 +328,18 @@ def _run_token(args: argparse.Namespace) -> int:
 
 def _token_table(r: dict[str, Any]) -> str:
     width = max(len("view"), *(len(x["view"]) for x in r["rows"]))
-    lines = [f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  fit s   "
-             "converged"]
+    # control and selectivity on the task's metric (entity F1, or macro-F1 for other tags);
+    # compression: MDL of the tags (uniform / online codelength), then of the control tags
+    lines = [f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  compression  "
+             "fit s   converged"]
     for x in r["rows"]:
+        control = x.get("control_f1", x.get("control_macro_f1"))
+        mdl = x.get("mdl")
+        compression = "-" if not mdl else (f"{mdl['compression']:.2f}" + (
+            "" if mdl["control_compression"] is None else f" / {mdl['control_compression']:.2f}"))
         lines.append(f"{x['view']:<{width}}  {_num(x['f1']):<5}  {_num(x['precision']):<9}  "
-                     f"{_num(x['recall']):<6}  {x['word_accuracy']:<8.3f}  {_num(x['control_accuracy']):<7}  "
-                     f"{_num(x['selectivity']):<11}  {x['fit_seconds']:<6.2f}  "
+                     f"{_num(x['recall']):<6}  {x['word_accuracy']:<8.3f}  {_num(control):<7}  "
+                     f"{_num(x['selectivity']):<11}  {compression:<11}  {x['fit_seconds']:<6.2f}  "
                      f"{'yes' if x['converged'] else 'NO (see warnings)'}")
     n, s = r["n_words"], r["n_sentences"]
     lines += ["", (f"{s['train']:,} training sentences ({n['train']:,} words), {s['valid']:,} validation "

@@ -216,7 +216,8 @@ def _run_token_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, 
     ctl.progress(2, 3)
     ctl.stage("fitting one tagger per view")
     result = run_token_probe(train_states, valid_states, views=p["views"], seed=int(p["seed"]),
-                             control_task=bool(p["control_task"]), span_f1=bool(span_f1))
+                             control_task=bool(p["control_task"]), span_f1=bool(span_f1),
+                             mdl=bool(p.get("mdl", True)))  # jobs queued before MDL existed: on
     ctl.progress(3, 3)
     best = next(r for r in result["rows"] if r["view"] == result["best"])
     metric = result["metric"]

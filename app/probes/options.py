@@ -36,6 +36,7 @@ class ProbeOptions:
     seed: int = 0
     control_task: bool = True
     learning_curve: bool = True
+    mdl: bool = True  # online codelength per view (layerbank.app.probes.mdl)
     train_sizes: Sequence[int] = (50, 100, 200, 500, 1000)
     threads: int | None = 1  # BLAS threads per fit (None: the library's default)
     n_jobs: int | None = None  # fits at once (None: sweep.default_jobs())

@@ -62,6 +62,8 @@ class ProbeCreate(BaseModel):
     seed: int = Field(0, ge=0, le=2**32 - 1)
     control_task: bool = Field(True, description="also probe shuffled labels (selectivity)")
     learning_curve: bool = True
+    mdl: bool = Field(True, description="also the online codelength (MDL, Voita & Titov 2020) and "
+                      "compression of every view")
     train_sizes: list[int] | None = Field(None, max_length=20, description=f"default {DEFAULT_TRAIN_SIZES}")
     train: str | None = Field(None, description="token task: word/tag dataset to train on")
     valid: str | None = Field(None, description="token task: word/tag dataset to score on")
@@ -171,7 +173,8 @@ def sentence_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
         raise InvalidInput("train_sizes: each size must be at least 2", field="train_sizes")
     return {"task": "sentence_classification", "dataset_id": ds.id, "views": views,
             "poolings": list(dict.fromkeys(req.poolings)), "head": req.head, "cv": req.cv, "seed": req.seed,
-            "control_task": req.control_task, "learning_curve": req.learning_curve, "train_sizes": sizes}
+            "control_task": req.control_task, "learning_curve": req.learning_curve, "train_sizes": sizes,
+            "mdl": req.mdl}
 
 
 def _word_dataset(state: AppState, dataset_id: str, field: str) -> tuple[Dataset, dict[str, Any], Any]:
@@ -232,6 +235,7 @@ def token_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
             raise _input_error(e, "span_f1") from None
     return {"task": "token_classification", "train_id": train.id, "valid_id": valid_id,
             "valid_fraction": fraction, "views": views, "seed": req.seed,
-            "control_task": req.control_task, "word_mode": req.word_mode, "span_f1": req.span_f1}
+            "control_task": req.control_task, "word_mode": req.word_mode, "span_f1": req.span_f1,
+            "mdl": req.mdl}
 
 

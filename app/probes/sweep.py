@@ -18,6 +18,12 @@ It also reports (all JSON-serializable, see ``run_probe``):
   ``seed``, probed the same way for every single layer of the best pooling
   and for the best view; selectivity = task accuracy - control accuracy.
   A high control score means the head memorizes rather than reads labels;
+- MDL (Voita & Titov 2020, layerbank.app.probes.mdl): the online
+  codelength of the labels given each (view, pooling), in kbits, and its
+  compression (uniform / online); for the control task's views the same on
+  the permuted labels (``control_compression``, ~1.0 when nothing is
+  learnt). Between views of equal accuracy, the one that compresses more
+  needs fewer examples to read the property;
 - a learning curve for the best view: each training fold subsampled
   (stratified) to ``train_sizes`` below the fold size, scored on the
   held-out fold, plus "all" (the sweep's own scores).
@@ -53,6 +59,7 @@ from threadpoolctl import threadpool_limits
 
 from layerbank.app.probes.heads import make_head
 from layerbank.app.probes.options import ProbeOptions
+from layerbank.app.probes.mdl import online_codelength
 from layerbank.app.probes.inputs import (
     ProbeInputError,
     check_labels,
@@ -273,7 +280,21 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     singles = [s for s in specs if single_layer(s, n_states) is not None]
     sizes = _learning_sizes(o.train_sizes, folds, len(classes)) if learning_curve else []
     per_pooling = len(specs) * cv + (1 if "scalar_mix" in specs else 0)
-    total = len(poolings) * per_pooling + (len(singles) + 1) * cv * control_task + len(sizes) * cv
+    coded = [s for s in specs if s != "scalar_mix"] if o.mdl else []  # a mix has no fixed features to code
+    total = (len(poolings) * (per_pooling + len(coded)) + (len(singles) + 1) * (cv + o.mdl) * control_task
+             + len(sizes) * cv)
+    y_index = np.searchsorted(classes, y)
+    mdl_seconds = 0.0
+
+    def codelength(X: np.ndarray, labels_index: np.ndarray) -> dict[str, Any]:
+        nonlocal mdl_seconds
+        start = time.perf_counter()
+        code = online_codelength(X, labels_index, len(classes), seed=seed)
+        mdl_seconds += time.perf_counter() - start
+        tick()
+        return {"online_kbits": round(code["online_bits"] / 1000, 3),
+                "uniform_kbits": round(code["uniform_bits"] / 1000, 3),
+                "compression": code["compression"], "converged": code["converged"]}
     done = 0
 
     def tick(steps: int = 1) -> None:
@@ -308,6 +329,9 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
                 if scores["folds_not_converged"]:
                     warned.append(f"{spec} / {pooling}: {scores['folds_not_converged']} of {cv} fits "
                                   "stopped at max_iter before converging")
+                entry["mdl"] = codelength(_features(spec, states), y_index) if spec in coded else None
+                if entry["mdl"] and not entry["mdl"]["converged"]:
+                    warned.append(f"{spec} / {pooling}: an MDL block's fit stopped at max_iter before converging")
                 results.append(entry | scores)
             del states
         best = max(results, key=lambda r: (r["accuracy"]["mean"], r["macro_f1"]["mean"]))
@@ -316,7 +340,9 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
         best_states = first if best["pooling"] == poolings[0] else load(best["pooling"])
         del first
         task = {r["view"]: r["accuracy"]["mean"] for r in results if r["pooling"] == best["pooling"]}
-        control = (_control_task(best_states, y, best, singles, task, head, seed, cv, tick, fits)
+        task_f1 = {r["view"]: r["macro_f1"]["mean"] for r in results if r["pooling"] == best["pooling"]}
+        control = (_control_task(best_states, y, best, singles, task, task_f1, head, seed, cv, tick, fits,
+                                 (lambda X, yc: codelength(X, np.searchsorted(classes, yc))) if o.mdl else None)
                    if control_task else None)
         curve = _learning_curve(best_states, y, best, sizes, folds, head, seed, fits) if learning_curve else None
     tick(total - done)
@@ -330,21 +356,27 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
         "best": {"view": best["view"], "pooling": best["pooling"], "layer": best["layer"],
                  "accuracy": best["accuracy"]["mean"], "accuracy_std": best["accuracy"]["std"],
                  "macro_f1": best["macro_f1"]["mean"],
-                 "selectivity": control["best"]["selectivity"] if control else None},
+                 "selectivity": control["best"]["selectivity"] if control else None,
+                 "selectivity_macro_f1": control["best"]["selectivity_macro_f1"] if control else None,
+                 "mdl": best.get("mdl")},
         "scalar_mix": mixes or None,
         "control_task": control,
         "learning_curve": curve,
         "warnings": warned,
+        "mdl_seconds": round(mdl_seconds, 3) if o.mdl else None,
         "seconds": time.perf_counter() - started,
     }
 
 
 def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singles: list[str],
-                  task: dict[str, float], head: str, seed: int, cv: int,
-                  tick: Callable[..., None], fits: _Fits) -> dict[str, Any]:
+                  task: dict[str, float], task_f1: dict[str, float], head: str, seed: int, cv: int,
+                  tick: Callable[..., None], fits: _Fits,
+                  codelength: Callable[[np.ndarray, np.ndarray], dict[str, Any]] | None) -> dict[str, Any]:
     """Same probe on labels permuted once with ``seed`` (same class counts).
 
-    ``task`` maps each view of the best pooling to its task accuracy.
+    ``task`` and ``task_f1`` map each view of the best pooling to its task
+    accuracy and macro-F1; ``codelength(X, labels)`` (None: no MDL) codes the
+    permuted labels too.
     """
     y_control = np.random.default_rng(seed).permutation(y)
     folds = list(StratifiedKFold(cv, shuffle=True, random_state=seed).split(np.zeros(len(y)), y_control))
@@ -354,12 +386,17 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
                                       for spec in specs], y_control, folds)
     for spec, scores in zip(specs, all_scores):
         control = scores["accuracy"]["mean"]
+        control_f1 = scores["macro_f1"]["mean"]
+        code = codelength(_features(spec, states), y_control) if codelength else None
         rows.append({"view": spec, "pooling": best["pooling"], "layer": single_layer(spec, states.shape[1]),
                      "task_accuracy": task[spec], "control_accuracy": control,
                      "control_accuracy_std": scores["accuracy"]["std"],
-                     "control_folds": scores["accuracy"]["folds"], "selectivity": task[spec] - control})
+                     "control_folds": scores["accuracy"]["folds"], "selectivity": task[spec] - control,
+                     "task_macro_f1": task_f1[spec], "control_macro_f1": control_f1,
+                     "selectivity_macro_f1": task_f1[spec] - control_f1,
+                     "control_compression": code["compression"] if code else None})
     if best["view"] in singles:
-        tick(cv)  # the best view was one of the layers: its planned extra fits are not needed
+        tick(cv + (codelength is not None))  # the best view was one of the layers: its extra fits are not needed
     return {"method": "labels permuted once with the seed (Hewitt & Liang 2019 control task)",
             "pooling": best["pooling"], "results": rows,
             "best": next(r for r in rows if r["view"] == best["view"])}

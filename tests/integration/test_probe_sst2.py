@@ -75,11 +75,17 @@ def test_cli_probe_sst2_mean_beats_cls_low_layers_and_control_is_chance(tmp_path
     best = result["best"]
     assert best["pooling"] == "mean" and 0.72 <= best["accuracy"] <= 0.86
     assert best["selectivity"] >= 0.15
+    # MDL on real features: [CLS] of h_0 is one fixed vector (nothing to code with), the best
+    # view compresses the labels, and shuffled labels compress to ~1 on every layer
+    mdl = {(r["layer"], r["pooling"]): r["mdl"] for r in result["results"]}
+    assert mdl[(0, "cls")]["compression"] < 1.02, mdl[(0, "cls")]
+    assert best["mdl"]["compression"] > 1.15, best["mdl"]
+    assert all(r["control_compression"] < 1.05 for r in result["control_task"]["results"])
 
     # what the user reads: the table, the best, the curve, the advice
     table = proc.stdout
     assert table.splitlines()[0].split() == ["view", "pooling", "accuracy", "macro-F1", "control",
-                                             "selectivity", "fit", "s/fold"]
+                                             "selectivity", "sel.", "F1", "compression", "fit", "s/fold"]
     row = next(line for line in table.splitlines() if line.startswith(f"{best['view']} ") and " mean " in line)
     assert f"{best['accuracy']:.3f} ±" in row
     assert f"best: {best['view']}, mean pooling: accuracy {best['accuracy']:.3f}" in table

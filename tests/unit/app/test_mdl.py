@@ -42,7 +42,7 @@ def test_codelength_equals_an_independent_implementation():
     X = rng.normal(size=(n, 5))
     y = (X[:, 0] + 0.7 * rng.normal(size=n) > 0).astype(int)
     y[0], y[1] = 0, 1  # every training block holds both classes (sklearn needs them)
-    result = online_codelength(X, y, 2, shuffle=False, storage_dtype=np.float32)
+    result = online_codelength(X, y, 2, shuffle=False, storage_dtype=np.float32, C=1.0)
     expected = _independent(X, y, block_ends(n), C=1.0)
     assert result["online_bits"] == pytest.approx(expected, rel=2e-3)
     assert result["uniform_bits"] == 400.0

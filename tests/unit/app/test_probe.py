@@ -90,6 +90,28 @@ def test_control_task_is_near_chance_while_the_task_is_not() -> None:
         assert row["selectivity"] == pytest.approx(row["task_accuracy"] - row["control_accuracy"])
     assert control["best"]["view"] == "layer:2" and control["best"]["selectivity"] > 0.35
     assert result["best"]["selectivity"] == control["best"]["selectivity"]
+    # macro-F1 selectivity next to accuracy's, and MDL on the shuffled labels: nothing to learn
+    for row in control["results"]:
+        assert row["selectivity_macro_f1"] == pytest.approx(row["task_macro_f1"] - row["control_macro_f1"])
+        assert 0.8 < row["control_compression"] < 1.1, row
+    assert result["best"]["selectivity_macro_f1"] > 0.35
+
+
+def test_mdl_codelength_ranks_the_layers_like_their_signal() -> None:
+    states, labels = synthetic(n=400)
+    result = run_probe(states.__getitem__, labels, views=["each_layer", "scalar_mix"], cv=3,
+                       control_task=False, learning_curve=False)
+    mdl = {(r["view"], r["pooling"]): r["mdl"] for r in result["results"]}
+    assert mdl[("scalar_mix", "mean")] is None  # a learnt mix has no fixed features to code with
+    # 400 labels of 2 classes: 400 bits with the uniform code
+    assert all(m["uniform_kbits"] == 0.4 for k, m in mdl.items() if m)
+    ranked = [mdl[(f"layer:{k}", "mean")]["compression"] for k in range(3)]
+    assert ranked[0] < 1.1 < ranked[1] < ranked[2], ranked
+    assert result["best"]["mdl"] == mdl[("layer:2", "mean")]
+    assert result["mdl_seconds"] > 0
+    quiet = run_probe(states.__getitem__, labels, views=["layer:2"], cv=3, mdl=False,
+                      control_task=False, learning_curve=False)
+    assert quiet["results"][0]["mdl"] is None and quiet["mdl_seconds"] is None
 
 
 def test_learning_curve_uses_the_sizes_below_the_training_folds(monkeypatch: pytest.MonkeyPatch) -> None:
