@@ -17,7 +17,11 @@ bytes (float32 for the encoder options)::
 - <= 0.65: it does not; fine-tuning or another encoder is likely worth it;
 - under ~1,000 labelled examples, frozen features are usually safer
   (fine-tuning millions of parameters on few examples overfits and varies
-  between runs).
+  between runs);
+- between views whose accuracies tie (within the best's fold std), the one
+  whose labels compress better (MDL, layerbank.app.probes.mdl; by at least
+  5%) is preferred: it reads the property from fewer examples (Voita &
+  Titov 2020), so it is the more robust choice.
 
 Other tasks (multi-class, imbalanced): the thresholds are placed at the
 same fraction of the way from chance to perfect. Chance is the accuracy of
@@ -38,6 +42,9 @@ from typing import Any
 from layerbank.cache.views import parse_view
 
 __all__ = ["HIGH", "LOW", "SMALL_DATA", "recommend", "storage_costs", "thresholds"]
+
+# a compression this much better than the best view's is worth naming (MDL noise is a few %)
+COMPRESSION_MARGIN = 1.05
 
 LOW, HIGH = 0.3, 0.7  # on the chance-to-perfect scale: 0.65 / 0.85 for balanced binary
 SMALL_DATA = 1000  # labelled examples under which frozen features are usually safer
@@ -135,6 +142,13 @@ def recommend(result: dict[str, Any], model_info: dict[str, Any],
                     f"so its selectivity is {selectivity:.3f}"
                     + (": it fits noise almost as well, so read the score with care." if control > low
                        else ": the score reflects the representation, not the head memorizing."))
+    preferred = _better_compressing_tie(result)
+    if preferred is not None:
+        text.append(f"{preferred['view']} with {preferred['pooling']} pooling scores within one standard "
+                    f"deviation of it ({preferred['accuracy']['mean']:.3f}) and compresses the labels "
+                    f"better (MDL compression {preferred['mdl']['compression']:.2f} against "
+                    f"{best['mdl']['compression']:.2f}): it reads the property from fewer examples, so "
+                    "prefer it when the two tie.")
     full = costs["full_finetune_bytes"]
     text.append(f"Storage: this head {'~' if estimated else ''}{_human(costs['frozen_head_bytes'])}; "
                 f"a full fine-tune {_human(full)} ({full / max(costs['frozen_head_bytes'], 1):,.0f}x); "
@@ -144,5 +158,22 @@ def recommend(result: dict[str, Any], model_info: dict[str, Any],
                "chance_accuracy": chance, "normalized_score": (accuracy - chance) / (1.0 - chance),
                "threshold_low": low, "threshold_high": high, "verdict": verdict, "n_examples": n,
                "n_classes": k, "small_data": n < SMALL_DATA, "learning_curve_gain": gain,
-               "selectivity": selectivity, "head_bytes_estimated": estimated} | costs
+               "selectivity": selectivity, "head_bytes_estimated": estimated,
+               "compression": (best.get("mdl") or {}).get("compression"),
+               "preferred_by_mdl": None if preferred is None else
+               {"view": preferred["view"], "pooling": preferred["pooling"],
+                "compression": preferred["mdl"]["compression"]}} | costs
     return {"text": " ".join(text), "numbers": numbers}
+
+
+def _better_compressing_tie(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The entry that ties the best on accuracy (within its std) and compresses
+    its labels clearly better, if any (the best such one)."""
+    best = result["best"]
+    if not best.get("mdl"):
+        return None
+    floor = best["accuracy"] - best["accuracy_std"]
+    ties = [r for r in result.get("results", [])
+            if r.get("mdl") and r["accuracy"]["mean"] >= floor
+            and r["mdl"]["compression"] >= COMPRESSION_MARGIN * best["mdl"]["compression"]]
+    return max(ties, key=lambda r: r["mdl"]["compression"], default=None)

@@ -104,3 +104,31 @@ def test_learning_curve_and_selectivity_are_reported() -> None:
 def test_model_info_must_name_its_sizes() -> None:
     with pytest.raises(ValueError, match="model_info lacks n_params, n_bias_params"):
         storage_costs({"name": "x", "num_layers": 6, "hidden_size": 384}, 100)
+
+
+def _entry(view: str, accuracy: float, compression: float) -> dict[str, Any]:
+    return {"view": view, "pooling": "mean", "accuracy": {"mean": accuracy, "std": 0.01},
+            "mdl": {"compression": compression}}
+
+
+def test_a_tied_view_that_compresses_better_is_preferred() -> None:
+    best_mdl = {"compression": 1.50}
+    result = _result(0.86, mdl=best_mdl) | {"results": [
+        _entry("layer:4", 0.86, 1.50),
+        _entry("layer:3", 0.852, 1.70),    # within 0.01 of the best, compresses 13% better
+        _entry("layer:2", 0.84, 2.00),     # compresses best but 0.02 below: not a tie
+        _entry("layer:5", 0.855, 1.55),    # a tie, but only 3% better: within MDL noise
+    ]}
+    advice = recommend(result, MINILM)
+    assert ("layer:3 with mean pooling scores within one standard deviation of it (0.852) and "
+            "compresses the labels better (MDL compression 1.70 against 1.50)") in advice["text"]
+    assert advice["numbers"]["preferred_by_mdl"] == {"view": "layer:3", "pooling": "mean", "compression": 1.70}
+    assert advice["numbers"]["compression"] == 1.50
+
+
+def test_no_mdl_preference_without_a_clear_tie() -> None:
+    result = _result(0.86, mdl={"compression": 1.5}) | {"results": [
+        _entry("layer:4", 0.86, 1.5), _entry("layer:5", 0.855, 1.55), _entry("layer:2", 0.84, 2.0)]}
+    advice = recommend(result, MINILM)
+    assert advice["numbers"]["preferred_by_mdl"] is None and "compresses the labels better" not in advice["text"]
+    assert recommend(_result(0.86), MINILM)["numbers"]["compression"] is None  # probed without MDL
