@@ -10,6 +10,12 @@ from fastapi.tiangolo.com: offline, a blank page. Here:
   ``/docs/assets/`` and ``/redoc/assets/``. Not PyPI's ``swagger-ui-bundle``:
   its Swagger UI 4 cannot render FastAPI's OpenAPI 3.1 schema.
 - ReDoc's Google Fonts link is turned off.
+- Both pages carry a Content-Security-Policy that allows only this origin
+  (plus inline script and style, which the pages are made of, and blob:
+  workers, which ReDoc's search uses), so the browser refuses what the
+  bundles would still fetch from elsewhere: ReDoc's "API docs by Redocly"
+  footer loads its logo from cdn.redoc.ly (the image hides itself when
+  refused).
 - Swagger UI's validator badge (an image from validator.swagger.io) is
   turned off.
 
@@ -46,6 +52,14 @@ _FAVICON = "/docs/assets/favicon-32x32.png"
 _OPENAPI = "/openapi.json"  # FastAPI's default, which main.py keeps
 _OAUTH2 = "/docs/oauth2-redirect"
 _TITLE = "layerbank API"
+_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; "
+        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+
+
+def _page(html: HTMLResponse) -> HTMLResponse:
+    html.headers["content-security-policy"] = _CSP
+    return html
 
 
 def _asset(folder: str, name: str, allowed: tuple[str, ...]) -> Response:
@@ -73,9 +87,10 @@ async def home() -> RedirectResponse:
 
 @router.get("/docs")
 async def swagger_ui() -> HTMLResponse:
-    return get_swagger_ui_html(openapi_url=_OPENAPI, title=_TITLE, swagger_js_url=ASSETS[0],
-                               swagger_css_url=ASSETS[1], swagger_favicon_url=_FAVICON,
-                               oauth2_redirect_url=_OAUTH2, swagger_ui_parameters={"validatorUrl": None})
+    return _page(get_swagger_ui_html(openapi_url=_OPENAPI, title=_TITLE, swagger_js_url=ASSETS[0],
+                                     swagger_css_url=ASSETS[1], swagger_favicon_url=_FAVICON,
+                                     oauth2_redirect_url=_OAUTH2,
+                                     swagger_ui_parameters={"validatorUrl": None}))
 
 
 @router.get(_OAUTH2)
@@ -85,5 +100,5 @@ async def swagger_ui_redirect() -> HTMLResponse:
 
 @router.get("/redoc")
 async def redoc() -> HTMLResponse:
-    return get_redoc_html(openapi_url=_OPENAPI, title=_TITLE, redoc_js_url=ASSETS[3],
-                          redoc_favicon_url=_FAVICON, with_google_fonts=False)
+    return _page(get_redoc_html(openapi_url=_OPENAPI, title=_TITLE, redoc_js_url=ASSETS[3],
+                                redoc_favicon_url=_FAVICON, with_google_fonts=False))

@@ -27,6 +27,9 @@ def test_docs_and_redoc_name_no_other_host_and_their_assets_answer(tiny_api_fact
     for page in ("/docs", "/redoc"):
         r = c.get(page)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        # the browser itself refuses other hosts (ReDoc's footer logo would come from cdn.redoc.ly)
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "img-src 'self' data:" in csp and "https:" not in csp
         html = r.text
         assert _URL.findall(html) == [], (page, _URL.findall(html))  # no http:// or https:// at all
         loads = _loaded_urls(html)
