@@ -56,6 +56,7 @@ from typing import Any
 from layerbank.cache.compact import compact
 from layerbank.cache.datasets import DatasetStore
 from layerbank.cache.jobs import Job, JobQueue
+from layerbank.cache.leftovers import clean_leftovers
 from layerbank.cache.runner import Claimer, Lease, release_orphans, run_claimed
 from layerbank.cache.store import FeatureStore
 
@@ -141,6 +142,7 @@ class Worker:
     def run(self) -> None:
         """Claim and run jobs until ``stop()`` (or the parent process is gone)."""
         self.release_orphans()
+        clean_leftovers(self.store, self.queue, started=self._started)  # not only at `serve` start
         self.seen()
         alive = threading.Thread(target=self._liveness, name="worker-liveness", daemon=True)
         alive.start()

@@ -1,0 +1,76 @@
+"""Crash leftovers removed by the next worker that starts, not only by ``serve``.
+
+``layerbank serve`` cleans the data directory at start, under its lock, when
+no writer can be running (``FeatureStore.clean``). A worker may start beside
+live writers (a restarted worker under a running server, a second device), so
+it removes only what no live writer can own:
+
+- shard files (``<job>-<part>.h5.tmp``, or renamed ``.h5`` never committed) of
+  jobs no live runner holds, last written before this worker started (a job
+  claimed meanwhile by another worker writes its files afresh, so they are
+  newer); compaction's files are left to ``serve``;
+- head temp directories ``heads/.hd_<id>.tmp-<pid>-*`` whose process is dead;
+- ``server.json`` whose server process is dead (a SIGKILLed ``serve``).
+
+Call after ``release_orphans`` (so jobs of dead runners no longer count as held).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from .jobs import JobQueue, pid_alive
+from .store import FeatureStore
+
+__all__ = ["clean_leftovers"]
+
+log = logging.getLogger("layerbank.worker")
+
+
+def _dead_pid(text: str) -> bool:
+    return text.isdigit() and not pid_alive(int(text))
+
+
+def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> dict[str, int]:
+    """Remove crash leftovers older than ``started`` that no live writer owns; counts by kind."""
+    held = set(queue.running_owners())
+    removed = {"shard_files": 0, "head_temp_dirs": 0, "server_json": 0}
+    for p in sorted(store.shard_dir.iterdir()):
+        temp = p.name.endswith(".h5.tmp")
+        name = p.name.removesuffix(".tmp")
+        if not name.endswith(".h5") or name.startswith("compact-"):
+            continue
+        job = name.removesuffix(".h5").rpartition("-")[0]
+        if job in held:
+            continue
+        try:
+            if p.stat().st_mtime >= started:
+                continue
+        except FileNotFoundError:
+            continue
+        if not temp and store.catalog.shard_info(name) is not None:
+            continue  # committed: not a leftover
+        p.unlink(missing_ok=True)
+        removed["shard_files"] += 1
+    heads = store.root / "heads"
+    if heads.is_dir():
+        for d in heads.glob(".hd_*.tmp-*"):
+            pid = d.name.rpartition(".tmp-")[2].split("-")[0]
+            if _dead_pid(pid):
+                shutil.rmtree(d, ignore_errors=True)
+                removed["head_temp_dirs"] += 1
+    info = store.root / "server.json"
+    try:
+        pid = str(json.loads(info.read_text()).get("pid", ""))
+        if _dead_pid(pid):
+            info.unlink(missing_ok=True)
+            removed["server_json"] += 1
+    except (OSError, ValueError, AttributeError):
+        pass
+    if any(removed.values()):
+        log.warning("removed crash leftovers: %d shard files, %d head temp directories, %d stale "
+                    "server.json", removed["shard_files"], removed["head_temp_dirs"], removed["server_json"])
+    return removed
