@@ -2,16 +2,10 @@
 
 Views are never stored; they are computed at read time from the stored
 layers ``h_0 .. h_L`` (``H = L + 1`` hidden states, ``h_0`` the embedding
-output). The grammar, as a user types it::
-
-    layer:K            one hidden state; negative K counts from the end
-                       (layer:-1 is the last layer, layer:-2 second-to-last)
-    layers:I,J,...     concatenation of the named hidden states, in order
-    concat_last_4      layers:-4,-3,-2,-1
-    sum_last_4         h_{L-3} + ... + h_L
-    mean_all           uniform weighted sum of all hidden states
-    weighted:W0,...,WL sum_i W_i * h_i (weights used as given; one per state)
-    all_layers         every hidden state, shape [n, H, d] (not flattened)
+output). The grammar, as a user types it, is ``VIEW_FORMS`` below (one form
+per entry with what it gives): ``layer:K`` (negative K counts from the end),
+``layers:I,J,...``, ``concat_last_4``, ``sum_last_4``, ``mean_all``,
+``weighted:W0,...,WL`` and ``all_layers``.
 
 Example::
 
@@ -29,9 +23,30 @@ import numpy as np
 
 from .errors import InputError
 
-__all__ = ["View", "ViewError", "parse_view", "NAMED_VIEWS", "MAX_VIEW_LAYERS"]
+__all__ = ["View", "ViewError", "parse_view", "NAMED_VIEWS", "MAX_VIEW_LAYERS", "VIEW_FORMS", "VIEW_GRAMMAR"]
 
-NAMED_VIEWS = ("concat_last_4", "sum_last_4", "mean_all", "all_layers")
+# The grammar, one form per entry as a user types it, with what it gives. The parser
+# below, the API's schema pattern and descriptions, /info, the CLI's help and
+# docs/api.md say what this list says (tests/unit/test_registries.py checks them).
+VIEW_FORMS: dict[str, str] = {
+    "layer:K": "one hidden state; negative K counts from the end (layer:-1 is the last layer)",
+    "layers:I,J,...": "concatenation of the named hidden states, in order",
+    "concat_last_4": "layers:-4,-3,-2,-1",
+    "sum_last_4": "h_{L-3} + ... + h_L",
+    "mean_all": "uniform weighted sum of all hidden states",
+    "weighted:W0,...,WL": "sum_i W_i * h_i (weights used as given; one per state)",
+    "all_layers": "every hidden state, shape [n, H, d] (not flattened)",
+}
+# the forms without a parameter, and how each is built
+_NAMED: dict[str, tuple[str, tuple[int, ...]]] = {
+    "concat_last_4": ("concat", (-4, -3, -2, -1)),
+    "sum_last_4": ("sum", (-4, -3, -2, -1)),
+    "mean_all": ("sum", ()),
+    "all_layers": ("all", ()),
+}
+NAMED_VIEWS = tuple(form for form in VIEW_FORMS if ":" not in form)
+# for messages and help texts: "layer:K, layers:I,J,..., ... or all_layers"
+VIEW_GRAMMAR = ", ".join(list(VIEW_FORMS)[:-1]) + " or " + list(VIEW_FORMS)[-1]
 MAX_VIEW_LAYERS = 256  # entries in layers:I,J,... (repeats allowed)
 
 
@@ -166,14 +181,9 @@ def parse_view(spec: str) -> View:
     if not isinstance(spec, str):
         raise ViewError("a view must be a string such as 'layer:-2'")
     s = spec.strip()
-    if s == "concat_last_4":
-        return View(s, "concat", (-4, -3, -2, -1))
-    if s == "sum_last_4":
-        return View(s, "sum", (-4, -3, -2, -1))
-    if s == "mean_all":
-        return View(s, "sum")
-    if s == "all_layers":
-        return View(s, "all")
+    if s in _NAMED:
+        kind, layers = _NAMED[s]
+        return View(s, kind, layers)
     head, sep, body = s.partition(":")
     if sep:
         if head == "layer":
@@ -185,7 +195,4 @@ def parse_view(spec: str) -> View:
             return View(s, "concat", _parse_int_list(s, body))
         if head == "weighted":
             return View(s, "weighted", weights=_parse_weights(s, body))
-    raise ViewError(
-        f"unknown view {spec!r}; expected layer:K, layers:I,J,..., concat_last_4, "
-        "sum_last_4, mean_all, weighted:W0,...,WL or all_layers"
-    )
+    raise ViewError(f"unknown view {spec!r}; expected {VIEW_GRAMMAR}")

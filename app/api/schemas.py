@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from layerbank.cache.keys import PrecisionChoice
 from layerbank.cache.poolings import PoolingName
+from layerbank.cache.views import NAMED_VIEWS, VIEW_GRAMMAR, ViewError, parse_view
 
 __all__ = [
     "DatasetCreate",
@@ -81,8 +82,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 class FeaturesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     texts: list[Text] = Field(min_length=1, description="texts, hashed exactly as given")
-    view: str | None = Field(None, description="layer:K, layers:I,J, concat_last_4, sum_last_4, "
-                             "mean_all, weighted:W0,...,WL, all_layers; default in /info")
+    view: str | None = Field(None, description=f"{VIEW_GRAMMAR}; default in /info")
     pooling: Pooling | None = Field(None, description="default in /info")
     model: str | None = Field(None, description="must be the served model when given")
     precision: Precision | None = Field(None, description=_PRECISION)
@@ -283,9 +283,19 @@ def view_pattern(n_states: int | None, *, all_layers: bool = True) -> str:
     else:
         idx = "(?:" + "|".join(str(i) for i in range(-n_states, n_states)) + ")"
         weights = f"{_NUM}(?:,{_NUM}){{{n_states - 1}}}"
-    named = ["mean_all"] + (["all_layers"] if all_layers else []) + (["concat_last_4", "sum_last_4"]
-                                          if n_states is None or n_states >= 4 else [])
+    named = [v for v in NAMED_VIEWS if (all_layers or v != "all_layers") and _fits(v, n_states)]
     return f"^(?:layer:{idx}|layers:{idx}(?:,{idx})*|{'|'.join(named)}|weighted:{weights})$"
+
+
+def _fits(named_view: str, n_states: int | None) -> bool:
+    """Whether a model with ``n_states`` hidden states (None: any) has the layers the view reads."""
+    if n_states is None:
+        return True
+    try:
+        parse_view(named_view).needed_layers(n_states)
+    except ViewError:  # concat_last_4 on a model with fewer than 4 hidden states
+        return False
+    return True
 
 
 def apply_limits(schema: dict[str, Any], *, max_texts: int, max_chars: int, max_dataset_texts: int,

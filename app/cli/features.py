@@ -16,7 +16,7 @@ from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.feature_files import OutPathError, check_out_path, write_features
 from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.cache.poolings import POOLING_NAMES
-from layerbank.cache.views import View, ViewError, parse_view
+from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
 
 
 def register(sub: Any) -> None:
@@ -24,8 +24,7 @@ def register(sub: Any) -> None:
     add_input_flags(p)
     add_common_flags(p)
     add_poolings_flag(p)
-    add_flag(p, "--view", default="layer:-2", help="layer:K, layers:I,J, concat_last_4, "
-             "sum_last_4, mean_all, weighted:W0,..., all_layers")
+    add_flag(p, "--view", default="layer:-2", help=VIEW_GRAMMAR)
     add_flag(p, "--pooling", default="mean", choices=POOLING_NAMES, help="pooling (one of --poolings)")
     add_flag(p, "--out", required=False, help="output file: .npy, .parquet or .h5 "
              "(the suffix says the format)")

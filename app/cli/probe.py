@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
-from layerbank.cache.poolings import POOLING_NAMES
+from layerbank.app.probes.head_names import PROBE_HEADS, describe
 from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.app.cli.extract import load_table
 
@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
     # dest: not the Settings field of the same name (what is stored), which run() widens to these
     add_flag(p, "--poolings", dest="probe_poolings", default="mean,cls",
              help=f"comma-separated poolings to probe ({', '.join(POOLING_NAMES)})")
-    add_flag(p, "--head", default="logistic", help="logistic, ridge, linear_svm, mlp, knn")
+    add_flag(p, "--head", default="logistic", help=describe(PROBE_HEADS))
     add_flag(p, "--cv", type=int, default=5, help="cross-validation folds")
     add_flag(p, "--seed", type=int, default=0, help="seed of folds, control labels and heads")
     add_flag(p, "--no-control-task", action="store_true", help="skip the shuffled-label control task")

@@ -49,6 +49,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from layerbank.app.probes.head_files import read_head, write_head
+from layerbank.app.probes.head_names import HEAD_NAMES
 from layerbank.app.probes.logistic import fit_logistic_cv, softmax_decision
 from layerbank.app.probes.scalar_mix import ScalarMixHead  # it imports logistic, not this module
 from layerbank.cache.errors import InputError
@@ -68,7 +69,7 @@ __all__ = [
     "softmax_decision",
 ]
 
-HEAD_NAMES = ("logistic", "ridge", "linear_svm", "mlp", "knn", "scalar_mix")
+# the names live in head_names.py (no scikit-learn there, so the API and CLI can list them)
 
 
 class ProbeInputError(InputError):

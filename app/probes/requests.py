@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
 from layerbank.app.api.schemas import Pooling
+from layerbank.app.probes.head_names import PROBE_HEADS, describe
 from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.cache.datasets import Dataset
 from layerbank.cache.errors import InputError
@@ -57,7 +58,7 @@ class ProbeCreate(BaseModel):
                                     "scalar_mix, or view specs (layer:K, concat_last_4, ...); default "
                                     f"{DEFAULT_VIEWS} (token task: ['each_layer'])")
     poolings: list[Pooling] = Field(["mean", "cls"], min_length=1, max_length=len(POOLING_NAMES))
-    head: str = Field("logistic", description="logistic, ridge, linear_svm, mlp, knn")
+    head: str = Field("logistic", description=describe(PROBE_HEADS))
     cv: int = Field(5, ge=2, le=20, description="stratified folds")
     seed: int = Field(0, ge=0, le=2**32 - 1)
     control_task: bool = Field(True, description="also probe shuffled labels (selectivity)")

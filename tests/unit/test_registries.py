@@ -2,7 +2,8 @@
 and help texts, and the docs say what the registry says.
 
 Registries: poolings (layerbank.cache.poolings, functions in
-layerbank.workers.pooling), precision modes (layerbank.cache.keys).
+layerbank.workers.pooling), precision modes (layerbank.cache.keys), views
+(layerbank.cache.views.VIEW_FORMS), heads (layerbank.app.probes.head_names).
 """
 
 from __future__ import annotations
@@ -89,3 +90,69 @@ def test_the_worker_table_and_the_precision_doc_cover_every_mode() -> None:
     assert list(precision_table("cpu", cpu_flags=set())) == list(PRECISION_CHOICES)
     doc = (DOCS / "precision.md").read_text()
     assert all(f"`{mode}`" in doc for mode in PRECISION_CHOICES), [m for m in PRECISION_CHOICES if f"`{m}`" not in doc]
+
+
+# -- views -------------------------------------------------------------------
+def test_views_named_in_the_grammar_parse_and_the_schema_pattern_takes_them() -> None:
+    from layerbank.app.api.schemas import view_pattern
+    from layerbank.cache.views import NAMED_VIEWS, VIEW_FORMS, parse_view
+
+    assert NAMED_VIEWS == ("concat_last_4", "sum_last_4", "mean_all", "all_layers")
+    for name in NAMED_VIEWS:
+        assert parse_view(name).spec == name
+        assert re.fullmatch(view_pattern(7), name), name
+    # a 3-state model has no last 4 layers: its pattern leaves those views out
+    assert [v for v in NAMED_VIEWS if re.fullmatch(view_pattern(3), v)] == ["mean_all", "all_layers"]
+    for form, example in zip(VIEW_FORMS, ("layer:-2", "layers:0,2", None, None, None, "weighted:1,0,0", None)):
+        if example is not None:
+            assert parse_view(example).spec == example and re.fullmatch(view_pattern(3), example), form
+
+
+def test_view_descriptions_help_info_and_docs_list_every_form() -> None:
+    from layerbank.cache.views import VIEW_FORMS, VIEW_GRAMMAR, ViewError, parse_view
+
+    description = FeaturesRequest.model_json_schema()["properties"]["view"]["description"]
+    help_ = _option(_subcommand("features"), "--view").help or ""
+    api_doc = (DOCS / "api.md").read_text()
+    for form in VIEW_FORMS:
+        assert form in description and form in help_ and f"`{form}`" in api_doc, form
+    with pytest.raises(ViewError) as e:
+        parse_view("layer-3")
+    assert str(e.value) == f"unknown view 'layer-3'; expected {VIEW_GRAMMAR}"
+
+
+def test_info_lists_the_view_forms_and_the_stored_poolings(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
+    from layerbank.cache.views import VIEW_FORMS
+
+    body = tiny_api_factory(worker=False, poolings="max,mean").client.get("/info").json()
+    assert body["views"] == list(VIEW_FORMS)
+    assert body["poolings"] == ["max", "mean"]
+
+
+# -- heads -------------------------------------------------------------------
+def test_every_head_name_builds_a_head_and_nothing_else_does() -> None:
+    from layerbank.app.probes.head_names import HEAD_NAMES, PROBE_HEADS
+    from layerbank.app.probes.heads import _HEAD_CLASSES, ProbeInputError, make_head
+
+    assert tuple(_HEAD_CLASSES) + ("scalar_mix",) == HEAD_NAMES
+    assert PROBE_HEADS == tuple(h for h in HEAD_NAMES if h != "scalar_mix")
+    for name in HEAD_NAMES:
+        assert make_head(name, seed=0).get_params() is not None
+    with pytest.raises(ProbeInputError, match="choose one of " + ", ".join(HEAD_NAMES)):
+        make_head("forest")
+
+
+def test_head_descriptions_help_and_docs_list_every_head() -> None:
+    from layerbank.app.api.routes.heads import HeadCreate
+    from layerbank.app.probes.head_names import HEAD_NAMES, PROBE_HEADS
+    from layerbank.app.probes.requests import ProbeCreate
+
+    heads_field = HeadCreate.model_json_schema()["properties"]["head"]["description"]
+    probe_field = ProbeCreate.model_json_schema()["properties"]["head"]["description"]
+    help_ = _option(_subcommand("probe"), "--head").help or ""
+    doc = (DOCS / "probes.md").read_text()
+    for name in HEAD_NAMES:
+        assert name in heads_field and f"`{name}`" in doc, name
+    for name in PROBE_HEADS:
+        assert name in probe_field and name in help_, name
+    assert "scalar_mix" not in probe_field and "scalar_mix" not in help_

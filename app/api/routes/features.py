@@ -33,7 +33,7 @@ from layerbank.app.api.errors import ExtractionFailed, InvalidInput, TooLarge, U
 from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
 from layerbank.cache.keys import text_key
 from layerbank.cache.store import ReadResult
-from layerbank.cache.views import View, ViewError, parse_view
+from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -142,8 +142,7 @@ def strict_view(spec: str, n_states: int) -> View:
     view = parse_view(spec)
     view.needed_layers(n_states)  # ViewError -> 422 naming the layers that exist
     if not _view_re(n_states).fullmatch(spec):
-        raise ViewError(f"view {spec!r} is not written as the grammar says: layer:K, layers:I,J,..., "
-                        "concat_last_4, sum_last_4, mean_all, weighted:W0,...,WL or all_layers, "
+        raise ViewError(f"view {spec!r} is not written as the grammar says: {VIEW_GRAMMAR}, "
                         "without spaces, numbers in plain decimal")
     return view
 

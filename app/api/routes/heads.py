@@ -38,6 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from layerbank.app.probes.advice import storage_costs
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
+from layerbank.app.probes.head_names import describe
 from layerbank.app.probes.heads_store import HeadRecord
 from layerbank.app.probes.requests import ready_dataset
 from layerbank.app.probes.service import ProbeService
@@ -60,7 +61,7 @@ class HeadCreate(BaseModel):
                               "and its dataset are the defaults")
     view: str | None = Field(None, description="layer:K, concat_last_4, weighted:..., or scalar_mix")
     pooling: Pooling | None = Field(None, description="default: the probe's best, else mean")
-    head: str | None = Field(None, description="logistic (default), ridge, linear_svm, mlp, knn, scalar_mix")
+    head: str | None = Field(None, description=describe())
     seed: int = Field(0, ge=0, le=2**32 - 1)
     name: str | None = Field(None, min_length=1, max_length=200)
 

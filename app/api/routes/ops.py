@@ -21,7 +21,7 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.metrics import CONTENT_TYPE
 from layerbank.app.api.routes.features import json_response
 from layerbank.app.api.schemas import HealthOut, InfoOut, ReadyOut, error_responses
-from layerbank.cache.views import NAMED_VIEWS
+from layerbank.cache.views import VIEW_FORMS
 
 __all__ = ["VERSION", "router"]
 
@@ -32,7 +32,6 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     VERSION = "0+unknown"
 
-_VIEW_GRAMMAR = ["layer:K", "layers:I,J,...", *NAMED_VIEWS[:3], "weighted:W0,...,WL", NAMED_VIEWS[3]]
 
 
 @router.get("/health", response_model=HealthOut)
@@ -84,7 +83,7 @@ async def info(state: AppState = Depends(get_state)) -> Response:
         "dtype": m.storage_dtype if m is not None else s.storage_dtype,
         "precision": None if m is None else m.precision,
         "poolings": list(s.pooling_names),  # what this server stores and so answers
-        "views": _VIEW_GRAMMAR,
+        "views": list(VIEW_FORMS),
         "defaults": {"view": s.default_view, "pooling": s.default_pooling,
                      "description": _describe_default(s.default_view, s.default_pooling)},
         "limits": {"max_texts_per_request": s.max_texts_per_request,
