@@ -111,7 +111,12 @@ def _open(page: Any, lab: dict[str, Any], path: str, ready: bool = True, timeout
         page.wait_for_selector("main[data-ready=true]", timeout=timeout)
 
 
-def _shot(page: Any, lab: dict[str, Any], name: str) -> None:
+def _shot(page: Any, lab: dict[str, Any], name: str, at: str | None = None) -> None:
+    """The viewport (1280x800), scrolled to the top or to the element ``at``."""
+    if at:
+        page.eval_on_selector(at, "e => e.scrollIntoView()")
+    else:
+        page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(lab["shots"] / f"{name}.png"))
 
 
@@ -139,10 +144,10 @@ def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: 
     page.wait_for_url(re.compile(r"/lab/datasets/ds_[0-9a-f]+$"))
     ds_id = page.url.rsplit("/", 1)[1]
     # live progress from the job's event stream, until 100% and succeeded
-    page.wait_for_selector("#progress .state[data-state=succeeded]", timeout=T)
+    page.wait_for_selector("main[data-ready=true]", timeout=T)
+    assert page.get_attribute("#progress .state", "data-state") == "succeeded"
     assert page.inner_text("#progress .progress-pct") == "100%"
     assert page.inner_text("#progress .muted").startswith(f"{N_TEXTS} / {N_TEXTS}")
-    page.wait_for_selector("main[data-ready=true]")
     ds = lab["server"].get(f"/v1/datasets/{ds_id}").json()
     assert ds["name"] == "sst2-lab" and ds["n_items"] == N_TEXTS and ds["job"]["state"] == "succeeded"
     # label distribution and token lengths, as the stats route and the file say
@@ -155,7 +160,7 @@ def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: 
     binned = [int(r.get_attribute("data-count")) for r in page.query_selector_all("#stats rect.bin")]
     assert binned == stats["tokens"]["histogram"]["counts"] and sum(binned) == N_TEXTS
     assert page.inner_text("#truncated") == f"{stats['tokens']['truncated']} of {N_TEXTS} (0.0%)"
-    _shot(page, lab, "dataset")
+    _shot(page, lab, "dataset", at="#stats")
     # a download carries the same matrix as the API
     with page.expect_download() as dl:
         page.click("#download-npy")
@@ -175,7 +180,7 @@ def test_run_a_probe_from_the_page_and_its_chart_equals_the_json(page: Any, lab:
     probe_id = page.url.rsplit("/", 1)[1]
     page.wait_for_selector("main[data-ready=true]", timeout=T)
     p = s.get(f"/v1/probes/{probe_id}").json()
-    assert p["state"] == "succeeded"
+    assert p["state"] == "succeeded", p["error"]
     assert p["request"]["cv"] == 3 and p["request"]["poolings"] == ["mean", "cls"]
     result = p["result"]
     # 7 hidden states x 2 poolings, each point the JSON's mean and std
@@ -222,9 +227,7 @@ def test_run_a_probe_from_the_page_and_its_chart_equals_the_json(page: Any, lab:
     assert lc == [q["accuracy"]["mean"] for q in result["learning_curve"]["points"]]
     assert page.inner_text("#advice") == result["recommendation"]["text"]
     assert ctl["pooling"] in page.inner_text("#probe-chart ul.legend")
-    page.focus("#probe-chart")  # scroll back to the top for the picture
-    page.evaluate("window.scrollTo(0, 0)")
-    _shot(page, lab, "probe")
+    _shot(page, lab, "probe", at="#probe-chart")
     lab["probe"] = probe_id
 
 
@@ -251,7 +254,7 @@ def test_save_the_best_as_a_head_and_classify_a_sentence(page: Any, lab: dict[st
     assert page.inner_text("#predicted-label") == want["data"][0]["label"] == "1"
     shown = [float(td.inner_text()) for td in page.query_selector_all("#probabilities td")]
     assert shown == want["data"][0]["probabilities"]
-    _shot(page, lab, "head")
+    _shot(page, lab, "head", at="#sizes")
     lab["head"] = head_id
 
 
@@ -267,7 +270,8 @@ def test_run_regimes_from_the_page(page: Any, lab: dict[str, Any]) -> None:
     rid = page.url.rsplit("/", 1)[1]
     page.wait_for_selector("main[data-ready=true]", timeout=T)
     r = s.get(f"/v1/regimes/{rid}").json()
-    assert r["state"] == "succeeded" and r["request"]["regimes"] == ["frozen"] and r["request"]["seeds"] == 1
+    assert r["state"] == "succeeded", r["error"]
+    assert r["request"]["regimes"] == ["frozen"] and r["request"]["seeds"] == 1
     res = r["result"]
     pt = page.query_selector("#regimes-chart g.series[data-series=frozen] .point")
     assert float(pt.get_attribute("data-value")) == res["regimes"]["frozen"]["macro_f1_mean"]
@@ -320,4 +324,37 @@ def test_home_lists_everything_and_the_pages_fit_a_phone(page: Any, lab: dict[st
         assert pg.evaluate("document.documentElement.scrollWidth") <= 390, path
     pg.screenshot(path=str(lab["shots"] / "probe-phone.png"))
     phone.close()
+    watch.check()
+
+
+def test_with_an_api_key_the_page_asks_for_it_once_and_shows_nothing_without_it(
+        server_factory: Any, browser: Any, lab: dict[str, Any]) -> None:
+    s = server_factory(api_key="lab-key-123")
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    watch = Watch(s.url.rstrip("/"))
+    # the refused calls themselves are logged by Chromium; nothing else may be
+    watch.allowed_console.append(re.compile(r"^Failed to load resource: the server responded with a status of 401"))
+    watch.attach(pg)
+    seen: list[tuple[str, int]] = []
+    pg.on("response", lambda r: seen.append((urlsplit(r.url).path, r.status)))
+    pg.goto(s.url.rstrip("/") + "/")
+    pg.wait_for_selector("#api-key")
+    name = s.get("/info").json()["model"]["name"]
+    assert name not in pg.inner_text("main") and ("/info", 401) in seen
+    pg.fill("#api-key", "wrong")
+    pg.keyboard.press("Enter")
+    pg.wait_for_selector("#key-title")
+    pg.wait_for_selector("text=The key given earlier was refused")
+    assert pg.evaluate("sessionStorage.getItem('layerbank.apiKey')") is None
+    pg.fill("#api-key", "lab-key-123")
+    pg.keyboard.press("Enter")
+    pg.wait_for_selector(f"text={name}")
+    assert ("/info", 200) in seen
+    # kept for the browser session: another page of the lab needs no second prompt
+    pg.goto(s.url.rstrip("/") + "/lab/compare")
+    pg.wait_for_selector("main[data-ready=true]")
+    assert pg.query_selector("#api-key") is None
+    pg.screenshot(path=str(lab["shots"] / "compare-with-key.png"))
+    ctx.close()
     watch.check()

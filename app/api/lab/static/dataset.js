@@ -123,7 +123,7 @@ function statsView(st) {
         { title: "Texts by token count", xLabel: "tokens per text (special tokens included)", limit: t.max_length }) : null));
 }
 
-function probeForm(ds) {
+function probeForm(ds, info) {
   const box = (name, value, label, checked) => h("label", { class: "check" },
     h("input", { type: "checkbox", name, value, checked }), ` ${label}`);
   const form = h("form", { class: "card", id: "probe-form" },
@@ -132,7 +132,8 @@ function probeForm(ds) {
       box("views", "each_layer", "every layer", true), box("views", "concat_last_4", "concat last 4", false),
       box("views", "mean_all", "mean of all", false), box("views", "scalar_mix", "learned scalar mix", true)),
     h("fieldset", {}, h("legend", {}, "Poolings"),
-      box("poolings", "mean", "mean", true), box("poolings", "cls", "[CLS]", true), box("poolings", "max", "max", false)),
+      (info.poolings || ["mean", "cls", "max"]).map((p) => box("poolings", p, p === "cls" ? "[CLS]" : p.replace("_", " "),
+        p === "mean" || p === "cls"))),
     h("div", { class: "fields" },
       h("label", { for: "probe-head" }, "Head"),
       h("select", { id: "probe-head", name: "head" }, ["logistic", "ridge", "linear_svm", "mlp", "knn"].map((x) => h("option", { value: x }, x))),
@@ -184,7 +185,8 @@ function regimesForm(ds) {
 
 function downloadForm(ds, info) {
   const view = h("input", { id: "dl-view", value: (info.defaults && info.defaults.view) || "layer:-2" });
-  const pooling = h("select", { id: "dl-pooling" }, ["mean", "cls", "max"].map((p) => h("option", { value: p }, p)));
+  const pooling = h("select", { id: "dl-pooling" }, (info.poolings || ["mean", "cls", "max"]).map((p) =>
+    h("option", { value: p, selected: info.defaults && p === info.defaults.pooling }, p)));
   const form = h("form", { class: "card", id: "download-form" }, h("h3", {}, "Download features"),
     h("div", { class: "fields" }, h("label", { for: "dl-view" }, "View"), view, h("label", { for: "dl-pooling" }, "Pooling"), pooling),
     h("p", { class: "muted" }, "float32 .npy, rows in dataset order (np.load). Views: layer:K, concat_last_4, mean_all, all_layers, …"),
@@ -215,11 +217,12 @@ export async function datasetPage(id) {
   }
   if (!job || job.state !== "succeeded") {
     after.append(h("p", {}, "Nothing to show until the extraction has succeeded."));
+    main().setAttribute("data-ready", "true");  // finished, with nothing more to draw
     return;
   }
   const st = await api(`/v1/datasets/${encodeURIComponent(id)}/stats`);
   const labelled = st.labels && ds.task === "sentence";
   after.replaceChildren(statsView(st),
-    section("Next", h("div", { class: "grid2" }, labelled ? [probeForm(ds), regimesForm(ds)] : null, downloadForm(ds, info))));
+    section("Next", h("div", { class: "grid2" }, labelled ? [probeForm(ds, info), regimesForm(ds)] : null, downloadForm(ds, info))));
   main().setAttribute("data-ready", "true");
 }

@@ -130,6 +130,7 @@ export async function probePage(id) {
   }
   if (p.state !== "succeeded") {
     after.append(h("p", {}, `This probe ${p.state}${p.error ? `: ${p.error}` : ""}.`));
+    main().setAttribute("data-ready", "true");  // finished, with nothing more to draw
     return;
   }
   after.append(resultView(id, p));

@@ -35,6 +35,7 @@ export async function regimesPage(id) {
   }
   if (r.state !== "succeeded") {
     after.append(h("p", {}, `This regimes job ${r.state}${r.error ? `: ${r.error}` : ""}.`));
+    main().setAttribute("data-ready", "true");  // finished, with nothing more to draw
     return;
   }
   const res = r.result;
