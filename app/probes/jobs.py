@@ -215,10 +215,12 @@ def _run_token_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, 
     valid_states = word_states(store, fp, train_ds.config, valid, mode=p["word_mode"])
     ctl.progress(2, 3)
     ctl.stage("fitting one tagger per view")
+    # after the two reads, one step per fit (tagger, control head, MDL): the ETA covers the fitting,
+    # which on a large set is most of the job
     result = run_token_probe(train_states, valid_states, views=p["views"], seed=int(p["seed"]),
                              control_task=bool(p["control_task"]), span_f1=bool(span_f1),
-                             mdl=bool(p.get("mdl", True)))  # jobs queued before MDL existed: on
-    ctl.progress(3, 3)
+                             mdl=bool(p.get("mdl", True)),  # jobs queued before MDL existed: on
+                             progress=lambda done, total: ctl.progress(2 + done, 2 + total))
     best = next(r for r in result["rows"] if r["view"] == result["best"])
     metric = result["metric"]
     control = "" if best["control_accuracy"] is None else (

@@ -53,8 +53,9 @@ The result is JSON-serializable::
 ``converged`` is False when the view's tagger or its control head stopped
 at ``max_iter``; ``warnings`` says which, one sentence per fit, as the
 sentence probe's result does, so every table can show it. ``progress(done,
-total)`` is called after each fit (a view's tagger, then its control head):
-on the full CoNLL-2003 training set a fit takes about a minute.
+total)`` is called after each fit (a view's tagger, its control head, then
+its MDL blocks): on the full CoNLL-2003 training set a fit takes about a
+minute.
 """
 
 from __future__ import annotations
@@ -298,7 +299,9 @@ def run_token_probe(
 
     rows: list[dict[str, Any]] = []
     warned: list[str] = []
-    n_fits, done = len(specs) * (2 if control_task else 1), 0
+    # a tick per fit: the tagger, the control head, the MDL blocks (not for a scalar mix)
+    n_fits = sum(1 + control_task + (mdl and view is not None) for _, view in specs)
+    done = 0
 
     def tick() -> None:
         nonlocal done
@@ -373,6 +376,7 @@ def run_token_probe(
             row["mdl"] = _mdl_row(x_tr, indices(tr_tags[tr_cov]),
                                   indices(ctl_tr[tr_cov]) if control_task else None,
                                   len(tag_index), seed=seed, C=C, max_iter=max_iter)
+            tick()
             if not row["mdl"]["converged"]:
                 warned.append(f"{name}: an MDL block's fit stopped at max_iter ({max_iter}) before converging")
         rows.append(row)

@@ -64,7 +64,7 @@ def test_token_probe_announces_the_cost_and_shows_fitting_progress(tiny_model_di
     err = capsys.readouterr().err
     assert re.search(r"^cost: about to encode 35 texts \([\d,]+ tokens\); token states [\d.,]+ [KMG]?B on disk",
                      err, re.M), err
-    assert "token probe: fitting taggers" in err and "4/4" in err  # 2 views x (tagger + control)
+    assert "token probe: fitting taggers" in err and "6/6" in err  # 2 views x (tagger, control, MDL)
     # the second run finds every text stored: no cost line; --no-progress: no bar either
     assert main(args + ["--no-progress"]) == 0
     err = capsys.readouterr().err

@@ -250,7 +250,10 @@ def test_token_probe_over_http(api) -> None:  # type: ignore[no-untyped-def]
                                    "views": ["each_layer", "mean_all"]})
     assert r.status_code == 202, r.text
     probe = r.json()
-    assert _wait(c, probe["id"])["state"] == "succeeded"
+    job = _wait(c, probe["id"])
+    assert job["state"] == "succeeded"
+    # progress: two reads, then one step per fit (4 views x tagger, control head, MDL)
+    assert job["progress"]["done"] == job["progress"]["total"] == 2 + 4 * 3
     result = c.get(f"/v1/probes/{probe['id']}").json()["result"]
     assert [row["view"] for row in result["rows"]] == ["layer:0", "layer:1", "layer:2", "mean_all"]
     assert result["metric"] == "f1" and result["n_words"] == {"train": 24, "valid": 8}

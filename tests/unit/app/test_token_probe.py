@@ -250,6 +250,11 @@ def test_fits_stopped_at_max_iter_are_warned_about_in_the_result_and_the_table(s
                              progress=lambda done, total: ticks.append((done, total)))
     # a tagger and a control head per view, each a tick, after a (0, total) start
     assert ticks == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    # with MDL, its blocks are one more tick per view (a scalar mix has none)
+    mdl_ticks: list[tuple[int, int]] = []
+    run_token_probe(train, valid, views=["layer:0", "scalar_mix"], control_task=False, mix_rounds=2,
+                    progress=lambda done, total: mdl_ticks.append((done, total)))
+    assert mdl_ticks == [(0, 3), (1, 3), (2, 3), (3, 3)]
     assert [r["converged"] for r in result["rows"]] == [False, False]
     assert result["warnings"] == [
         "layer:0: the tagger stopped at max_iter (2) before converging",
