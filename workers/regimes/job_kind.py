@@ -66,14 +66,15 @@ def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
     if items.words is not None or any(label is None for label in items.labels):
         raise JobError(f"dataset {ds_id} needs a label for every text to compare regimes")
     out_dir = ctx.store.root / "regimes" / ctx.job.id
+    now = {"stage": "starting"}  # which regime and seed: shown with done/total in the job's progress
     try:
         options = RegimesOptions.from_payload(p, max_length=int(enc.config.max_length or 512),
                                               device=str(enc.device))
         result = run_regimes(
             items.texts, items.labels, options, model_path=enc.name,
             frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir,
-            progress=lambda done, total: ctx.progress({"done": done, "total": total}),
-            should_cancel=lambda: not ctx.should_continue())
+            progress=lambda done, total: ctx.progress({"done": done, "total": total, **now}),
+            should_cancel=lambda: not ctx.should_continue(), stage=lambda text: now.update(stage=text))
     except Cancelled:
         shutil.rmtree(out_dir, ignore_errors=True)  # half a comparison is of no use to anyone
         raise

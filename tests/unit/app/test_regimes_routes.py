@@ -98,7 +98,8 @@ def test_a_regimes_job_runs_in_the_worker_and_stores_its_tensors(tiny_api: Any) 
     assert early.status_code == 409 and early.json()["job_id"] == rid
     job = _wait(c, rid)
     assert job["state"] == "succeeded", job["error"]
-    assert job["progress"] == {"done": 4, "total": 4}  # 2 seeds x (1 probe + 1 epoch)
+    # 2 seeds x (1 probe + 1 epoch), and the regime and seed trained last
+    assert job["progress"] == {"done": 4, "total": 4, "stage": "bitfit, seed 2 of 2, 14 training texts"}
     out = c.get(f"/v1/regimes/{rid}").json()
     result = out["result"]
     assert out["request"]["regimes"] == ["frozen", "bitfit"]
