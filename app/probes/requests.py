@@ -150,6 +150,10 @@ def sentence_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
     if ds.task != "sentence":
         raise InvalidInput(f"dataset {ds.id} holds words and tags; probe it with "
                            "task=token_classification", field="task")
+    if missing := [p for p in req.poolings if p not in state.settings.pooling_names]:
+        raise InvalidInput(f"poolings: {missing[0]!r} is not stored by this server; it stores "
+                           f"{', '.join(state.settings.pooling_names)} (setting poolings, --poolings / "
+                           "LAYERBANK_POOLINGS)", field="poolings")
     n_states = int(info["n_hidden_states"])
     views = req.views or [v for v in DEFAULT_VIEWS if _fits(v, n_states)]  # concat_last_4 needs 4 states
     for field, head, checked in (("head", req.head, ["each_layer"]), ("views", "logistic", views)):

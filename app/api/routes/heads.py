@@ -42,7 +42,8 @@ from layerbank.app.probes.head_names import describe
 from layerbank.app.probes.heads_store import HeadRecord
 from layerbank.app.probes.requests import ready_dataset
 from layerbank.app.probes.service import ProbeService
-from layerbank.app.api.routes.features import check_texts, compute_features, json_response, require_json
+from layerbank.app.api.routes.features import (check_pooling, check_texts, compute_features, json_response,
+                                                 require_json)
 from layerbank.app.api.routes.probes import get_service
 from layerbank.app.api.schemas import Pooling, error_responses
 from layerbank.cache.views import parse_view
@@ -94,7 +95,7 @@ def _register(state: AppState, service: ProbeService, req: HeadCreate) -> HeadRe
     probe = _from_probe(state, req.probe) if req.probe else None
     dataset = req.dataset or (probe or {}).get("dataset")
     view = req.view or (probe or {}).get("view")
-    pooling = req.pooling or (probe or {}).get("pooling") or "mean"
+    pooling = check_pooling(state, req.pooling or (probe or {}).get("pooling") or "mean")
     head = req.head or (probe or {}).get("head") or "logistic"
     if dataset is None:
         raise InvalidInput("dataset: give the labelled dataset to fit on, or a probe", field="dataset")

@@ -71,3 +71,24 @@ def test_a_pooling_the_server_does_not_store_is_a_422(tiny_api_factory) -> None:
                                  "poolings, --poolings / LAYERBANK_POOLINGS)", "type": "validation",
                         "field": "pooling"}
     assert api.client.post("/v1/features", json={"texts": ["a text"], "pooling": "avg"}).status_code == 422
+
+
+def test_probes_and_heads_on_a_pooling_the_server_does_not_store_are_422(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    c = tiny_api_factory(poolings="mean,cls").client
+    texts = [f"{w} text number {i}" for i in range(6) for w in ("good", "bad")]
+    r = c.post("/v1/datasets", json={"name": "d", "texts": texts, "labels": ["g", "b"] * 6})
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 60
+    while c.get(f"/v1/jobs/{r.json()['job_id']}").json()["state"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    ds = r.json()["id"]
+    probe = c.post("/v1/probes", json={"dataset": ds, "views": ["layer:1"], "poolings": ["mean", "max"], "cv": 2})
+    assert (probe.status_code, probe.json()) == (422, {
+        "error": "poolings: 'max' is not stored by this server; it stores mean, cls (setting poolings, "
+                 "--poolings / LAYERBANK_POOLINGS)", "type": "validation", "field": "poolings"})
+    head = c.post("/v1/heads", json={"dataset": ds, "view": "layer:1", "pooling": "max"})
+    assert head.status_code == 422 and head.json()["field"] == "pooling", head.text
+    assert "'max' is not stored by this server" in head.json()["error"]
