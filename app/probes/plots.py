@@ -9,6 +9,10 @@ balanced binary task; scaled from chance otherwise, see
 layerbank.app.probes.advice), each line named in the legend. Titles name the
 model, never its path (layerbank.app.probes.plot_text.model_label).
 
+With MDL in the result (layerbank.app.probes.mdl), a second panel under it
+shows the compression of each view by hidden state (one line per pooling,
+the same x positions; 1.0, nothing learnt, as a dotted line).
+
 ``learning_curve_png(result)``: accuracy of the best view against the
 number of training examples (log axis), mean ± std over folds; the value
 labels are moved apart until none overlaps another or covers a point
@@ -76,7 +80,11 @@ def probe_figure(result: dict[str, Any]) -> Figure:
     task = result["task"]
     n_states = task["n_hidden_states"]
     fig = Figure(figsize=(11, 6.5), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
+    coded = any(r.get("mdl") for r in result["results"])
+    if coded:
+        ax, mdl_ax = fig.subplots(2, 1, height_ratios=[3, 1])
+    else:
+        ax = fig.add_subplot()
     others = list(dict.fromkeys(r["view"] for r in result["results"] if r["layer"] is None))
     position = {v: n_states + 0.5 + i for i, v in enumerate(others)}
     poolings = list(dict.fromkeys(r["pooling"] for r in result["results"]))
@@ -123,7 +131,31 @@ def probe_figure(result: dict[str, Any]) -> Figure:
     # below the axes: inside, it hid points whatever corner it took
     fig.legend(loc="outside lower center", ncols=3, fontsize=9, frameon=False)
     ax.set_title(_title(result, "Probe accuracy by layer"))
+    if coded:
+        _compression_panel(mdl_ax, result, poolings, position, ticks, labels)
     return fig
+
+
+def _compression_panel(ax: Axes, result: dict[str, Any], poolings: list[str], position: dict[str, float],
+                       ticks: list[float], labels: list[str]) -> None:
+    """MDL compression by view, under the accuracy panel and on its x positions."""
+    for i, pooling in enumerate(poolings):
+        color, marker = _COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]
+        rows = [r for r in result["results"] if r["pooling"] == pooling and r.get("mdl")]
+        layers = sorted((r for r in rows if r["layer"] is not None), key=lambda r: r["layer"])
+        ax.plot([r["layer"] for r in layers], [r["mdl"]["compression"] for r in layers], color=color,
+                marker=marker, linewidth=1.5)
+        for r in rows:
+            if r["layer"] is None:
+                ax.plot(position[r["view"]] + _offset(i, len(poolings)), r["mdl"]["compression"], color=color,
+                        marker=marker, markersize=7, linestyle="none")
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xticks(ticks, labels, rotation=0 if len(ticks) == result["task"]["n_hidden_states"] else 20)
+    ax.set_xlim(*ax.get_xlim())
+    ax.set_ylabel("MDL compression")
+    ax.set_title("uniform / online codelength of the labels (Voita & Titov 2020); 1 = nothing learnt",
+                 fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
 
 
 def _offset(i: int, n: int) -> float:

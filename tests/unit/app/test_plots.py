@@ -142,3 +142,17 @@ def test_token_plot_rings_the_best_names_the_model_and_marks_fits_that_did_not_c
     assert _overlaps(fig, ax.texts) == []
     clean = token_probe_figure(_token_result(converged=True))
     assert [t.get_text() for t in clean.axes[0].get_xticklabels()] == ["0", "1", "2"]
+
+
+def test_probe_figure_has_a_compression_panel_with_the_mdl_numbers(result: dict[str, Any]) -> None:
+    fig = probe_figure(result)
+    assert len(fig.axes) == 2
+    panel = fig.axes[1]
+    assert panel.get_ylabel() == "MDL compression" and "codelength" in panel.get_title()
+    mean_line = panel.get_lines()[0]  # the mean pooling's layers, in order
+    expected = [r["mdl"]["compression"] for r in sorted(
+        (r for r in result["results"] if r["pooling"] == "mean" and r["layer"] is not None),
+        key=lambda r: r["layer"])]
+    assert list(mean_line.get_ydata()) == expected
+    assert [t.get_text() for t in panel.get_xticklabels()] == ["0", "1", "2", "3", "concat_last_4", "scalar_mix"]
+    assert len(probe_figure(result | {"results": [r | {"mdl": None} for r in result["results"]]}).axes) == 1
