@@ -56,7 +56,8 @@ def test_token_probe_announces_the_cost_and_shows_fitting_progress(tiny_model_di
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cost, "LARGE_TOKENS", 10)
     for var in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):  # --no-progress sets them: undone after
-        monkeypatch.setenv(var, "0")
+        monkeypatch.setenv(var, "")  # records the variable's state before the test...
+        monkeypatch.delenv(var)  # ...and starts the test without it
     data = _conll(tmp_path / "train.conll", 60)  # 35 distinct sentences
     args = ["probe", "--task", "token", str(data), "--valid-fraction", "0.25", "--views", "layer:0,layer:1",
             "--data-dir", str(tmp_path / "d"), "--model", tiny_model_dir]
