@@ -36,7 +36,7 @@ import numpy as np
 from layerbank.app.api.settings import Settings
 from layerbank.cache.keys import text_key
 from layerbank.cache.lock import hold_data_dir
-from layerbank.cache.shard import POOLINGS
+from layerbank.cache.poolings import parse_poolings
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import parse_view
 from layerbank.workers.known_model import ModelRef, known_model  # both torch-free
@@ -62,10 +62,11 @@ class Bank:
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, model: str | None = None, *,
                  url: str | None = None, api_key: str | None = None, device: str | None = None,
                  precision: str | None = None, max_length: int | None = None,
-                 storage_dtype: str | None = None, threads: int | None = None) -> None:
+                 storage_dtype: str | None = None, poolings: str | None = None,
+                 threads: int | None = None) -> None:
         given = {"data_dir": data_dir, "model": model, "device": device, "precision": precision,
-                 "max_length": max_length, "storage_dtype": storage_dtype, "threads": threads,
-                 "api_key": api_key}
+                 "max_length": max_length, "storage_dtype": storage_dtype, "poolings": poolings,
+                 "threads": threads, "api_key": api_key}
         self.settings = Settings(**{k: v for k, v in given.items() if v is not None})
         self.url = url
         self.stats = {"encoded": 0, "cached": 0}
@@ -105,83 +106,86 @@ class Bank:
         all_layers). ``texts``: a list, array or Series of str, or a table
         (DataFrame, Arrow table, ``datasets.Dataset``) with ``text_column``."""
         texts, _ = _inputs(texts, None, text_column, None)
-        _check_pooling(pooling)
         v = parse_view(view)  # ViewError (a ValueError) before anything runs
-        if self._client is not None:
+        if self._client is not None:  # the server checks the pooling against what it stores
             x, out = self._client.features(texts, view, pooling, return_info=True)
             cached = sum(1 for item in out["data"] if item.get("cached"))
             self.stats["cached"] += cached
             self.stats["encoded"] += len(texts) - cached
             return np.asarray(x, dtype=np.float32)
+        self._check_pooling(pooling)
         h = self._n_hidden_states()
         v.needed_layers(h)  # a layer this model lacks fails before any encoding
-        [data] = self._read(texts, lambda store, keys: [store.read_view(keys, v, pooling, h)])
+        [data] = self._read(texts, [pooling], lambda store, keys: [store.read_view(keys, v, pooling, h)])
         return np.asarray(data, dtype=np.float32)
 
     def dimension(self, view: str, pooling: str = "mean") -> int:
         """Width of ``features(..., view, pooling)``'s rows for this Bank's model
         (flattened for all_layers); ValueError for a view or pooling it lacks."""
-        _check_pooling(pooling)
         v = parse_view(view)
         if self._client is not None:
             info = self._client.info()["model"]
         else:
+            self._check_pooling(pooling)
             info = self._known_model().info
         return int(v.output_dim(int(info["n_hidden_states"]), int(info["hidden_size"])))
 
     # -- probes ---------------------------------------------------------------
-    def probe(self, texts: Any, labels: Sequence[Any] | None = None, *,
+    def probe(self, texts: Any, labels: Sequence[Any] | None = None, options: Any = None, *,
               text_column: str | None = None, label_column: str | None = None,
-              views: Sequence[str] | None = None,
-              poolings: Sequence[str] = ("mean", "cls"), head: str = "logistic", cv: int = 5,
-              seed: int = 0, control_task: bool = True, learning_curve: bool = True,
-              train_sizes: Sequence[int] | None = None,
-              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[int, int], None] | None = None, **fields: Any) -> dict[str, Any]:
         """Cross-validated probes of every (view, pooling) on the stored states,
         extracting missing texts first: the result ``layerbank probe --json``
-        writes (run_probe's dict with ``recommendation``). Defaults are the CLI's.
-        ``texts`` may be a table with ``text_column`` and ``label_column``.
-        Through a server (``url=``) it uploads a dataset and runs ``/v1/probes``."""
+        writes (run_probe's dict with ``recommendation``).
+
+        What to sweep is a layerbank.app.probes.options.ProbeOptions, or its
+        fields as keywords: ``views`` (default: the CLI's), ``poolings``,
+        ``head``, ``cv``, ``seed``, ``control_task``, ``learning_curve``,
+        ``mdl``, ``train_sizes``. ``texts`` may be a table with
+        ``text_column`` and ``label_column``. Through a server (``url=``) it
+        uploads a dataset and runs ``/v1/probes`` with the same options.
+        """
+        from dataclasses import asdict, replace
+
         from layerbank.app.probes.inputs import check_labels, check_options
-        from layerbank.app.probes.requests import DEFAULT_TRAIN_SIZES, DEFAULT_VIEWS, model_summary
+        from layerbank.app.probes.options import ProbeOptions
+        from layerbank.app.probes.requests import DEFAULT_VIEWS, model_summary
         from layerbank.app.probes.sentence_probe import probe_sentences
 
         texts, labels = _inputs(texts, labels, text_column, label_column)
         if labels is None:
             raise ValueError("give labels (one per text), or a table and its label_column")
-        views = list(DEFAULT_VIEWS if views is None else views)
-        poolings = list(poolings)
-        check_options(cv=cv, head=head, views=views, poolings=poolings)  # before the model loads
-        check_labels(labels, cv)
+        opts = replace(options or ProbeOptions(views=list(DEFAULT_VIEWS)), **fields)  # TypeError: unknown
+        check_options(cv=opts.cv, head=opts.head, views=opts.views, poolings=opts.poolings)  # before loading
+        check_labels(labels, opts.cv)
         if len(labels) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
-        sizes = list(DEFAULT_TRAIN_SIZES if train_sizes is None else train_sizes)
         if self._client is not None:
             ds = self._client.upload_dataset("layerbank.Bank", texts, labels=list(labels))
-            result: dict[str, Any] = self._client.probe(
-                ds, views=views, poolings=poolings, head=head, cv=cv, seed=seed, control_task=control_task,
-                learning_curve=learning_curve, train_sizes=sizes, progress=False)
+            asked = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()
+                     if k not in ("threads", "n_jobs")}  # how the server runs it is the server's
+            result: dict[str, Any] = self._client.probe(ds, progress=False, **asked)
             return result
+        poolings = list(opts.poolings)
         for p in poolings:
-            _check_pooling(p)
+            self._check_pooling(p)
         states = dict(zip(poolings, self._read(
-            texts, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
+            texts, poolings, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
         m = self._known_model()
         return probe_sentences(states.__getitem__, labels, model=model_summary(m.info, m.fingerprint),
-                               views=views, poolings=poolings, head=head, cv=cv, seed=seed,
-                               control_task=control_task, learning_curve=learning_curve,
-                               train_sizes=sizes, progress=progress)
+                               options=opts, progress=progress)
 
     # -- the store, and the encoder only for misses ---------------------------
-    def _read(self, texts: list[str],
+    def _read(self, texts: list[str], poolings: Sequence[str],
               read: Callable[[FeatureStore, list[str]], list[ReadResult]]) -> list[np.ndarray]:
-        """``read(store, keys)`` for ``texts``, encoding the missing ones first;
-        counts each unique text once per call, as encoded or as cached."""
+        """``read(store, keys)`` for ``texts``, encoding the missing ones first
+        (a row stored without one of ``poolings`` is missing); counts each
+        unique text once per call, as encoded or as cached."""
         store = self._open_store()
         m = self._model or self._model_from_catalog()
         if m is not None:
             keys = [text_key(m.fingerprint, m.config, t) for t in texts]
-            if len(store.lookup(keys)) == len(set(keys)):
+            if len(store.lookup(keys, poolings=poolings)) == len(set(keys)):
                 results = read(store, keys)
                 if all(r.found.all() for r in results):
                     self.stats["cached"] += len(set(keys))
@@ -197,6 +201,15 @@ class Bank:
                 return [r.data for r in results]
         lost = max(int((~r.found).sum()) for r in results)
         raise RuntimeError(f"{lost} texts could not be read back from the store")
+
+    def _check_pooling(self, pooling: str) -> None:
+        """A ValueError unless ``pooling`` is one this data directory stores (the
+        ``poolings`` setting): another could be read but never computed here."""
+        parse_poolings([pooling])  # unknown pooling 'x'; known: ...
+        if pooling not in self.settings.pooling_names:
+            raise ValueError(f"pooling {pooling!r} is not among the poolings stored "
+                             f"({self.settings.poolings}); open the Bank with "
+                             f"poolings={self.settings.poolings + ',' + pooling!r}")
 
     def _open_store(self) -> FeatureStore:
         if self._store is None:
@@ -292,11 +305,6 @@ def _inputs(texts: Any, labels: Any, text_column: str | None,
         raise ValueError(f"{len(table.skipped_empty)} empty texts (rows {table.skipped_empty[:5]}); "
                          "drop or fill them first: features are returned row for row")
     return table.texts, table.labels if labels is None else labels
-
-
-def _check_pooling(pooling: str) -> None:
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
 
 
 def _hold(data_dir: Path) -> Any:

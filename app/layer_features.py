@@ -40,7 +40,8 @@ class LayerFeatures(TransformerMixin, BaseEstimator):
 
     ``view``: ``layer:K`` (negative K from the end), ``concat_last_4``,
     ``sum_last_4``, ``mean_all``, ``layers:I,J``, ``weighted:W0,...``,
-    ``all_layers`` (flattened); ``pooling``: mean, cls or max. ``model``,
+    ``all_layers`` (flattened); ``pooling``: one the data directory stores
+    (mean, cls, max by default). ``model``,
     ``data_dir``, ``url``: as layerbank.Bank (None: the CLI's defaults).
     ``fit`` learns nothing; it checks the parameters and sets
     ``n_features_out_``.

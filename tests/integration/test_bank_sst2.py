@@ -68,11 +68,12 @@ def test_bank_features_and_probe_equal_the_cli(tmp_path: Path) -> None:
         assert x.shape == (200, 384) and x.dtype == np.float32
         assert x.tobytes() == from_cli.tobytes()
 
-        result = bank.probe(texts, labels, views=["each_layer"], poolings=["mean"], learning_curve=False)
+        result = bank.probe(texts, labels, views=["each_layer"], poolings=["mean"], learning_curve=False,
+                            mdl=False)
         assert bank.stats == {"encoded": 200, "cached": 200}  # the probe read the store only
 
     r = _cli("probe", str(tsv), "--label-column", "label", "--views", "each_layer", "--poolings", "mean",
-             "--no-learning-curve", "--no-progress", "--json", str(tmp_path / "cli.json"),
+             "--no-learning-curve", "--no-mdl", "--no-progress", "--json", str(tmp_path / "cli.json"),
              "--data-dir", str(tmp_path / "data"), "--device", "cpu", "--threads", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     cli = json.loads((tmp_path / "cli.json").read_text())
@@ -107,7 +108,7 @@ def test_bank_refuses_a_served_directory_and_reads_through_its_url(
         assert remote.stats == {"encoded": 20, "cached": 20}
         assert remote.dimension("concat_last_4") == 4 * 384
         result = remote.probe(texts, labels, views=["layer:-1"], poolings=["mean"], cv=2,
-                              control_task=False, learning_curve=False)
+                              control_task=False, learning_curve=False, mdl=False)
         assert result["task"]["n_examples"] == 20 and result["best"]["view"] == "layer:-1"
         assert result["recommendation"]["text"].startswith("Best frozen probe: layer:-1")
     with Bank(tmp_path / "local", device="cpu", threads=1) as local:

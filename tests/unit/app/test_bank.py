@@ -99,7 +99,7 @@ def test_bad_input_fails_before_the_model_loads(bank: Bank) -> None:
         bank.features("one text")
     with pytest.raises(TypeError, match="text 1 is int, not str"):
         bank.features(["a", 3])
-    with pytest.raises(ValueError, match="pooling must be one of mean, cls, max; got 'sum'"):
+    with pytest.raises(ValueError, match="unknown pooling 'sum'; known: mean, cls, max"):
         bank.features(["a"], pooling="sum")
     with pytest.raises(ValueError, match="view"):
         bank.features(["a"], view="layer:x")
@@ -160,3 +160,11 @@ def test_reaching_bank_imports_neither_torch_nor_sklearn() -> None:
             "print(sorted(m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_pooling_the_directory_does_not_store_is_refused(tmp_path: Path, tiny_model_dir: str) -> None:
+    with Bank(tmp_path / "data", tiny_model_dir, device="cpu", poolings="mean") as b:
+        with pytest.raises(ValueError, match=r"pooling 'cls' is not among the poolings stored \(mean\); "
+                           r"open the Bank with poolings='mean,cls'"):
+            b.features(["a"], pooling="cls")
+        assert b.features(["a"], pooling="mean").shape == (1, 32) and b.stats["encoded"] == 1

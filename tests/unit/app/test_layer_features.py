@@ -44,7 +44,7 @@ def test_init_only_stores_params_and_fit_sets_the_width(params: dict) -> None:
 
 
 def test_bad_params_fail_at_fit_with_the_banks_message(params: dict) -> None:
-    with pytest.raises(ValueError, match="pooling must be one of mean, cls, max; got 'avg'"):
+    with pytest.raises(ValueError, match="unknown pooling 'avg'; known: mean, cls, max"):
         LayerFeatures(pooling="avg", **params).fit(TEXTS)
     with pytest.raises(ValueError, match="layer 5 does not exist"):
         LayerFeatures(view="layer:5", **params).fit(TEXTS)
