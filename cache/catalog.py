@@ -152,6 +152,7 @@ class Catalog:
         """Entries for the keys that are stored (with token states if asked, and
         in a shard that holds every one of ``poolings``: a pooling a shard lacks is a miss)."""
         need = set(poolings)
+        seen: dict[str | None, tuple[tuple[str, ...], bool]] = {}
         out: dict[str, Entry] = {}
         keys = list(dict.fromkeys(keys))
         db = self.conn()
@@ -161,8 +162,10 @@ class Catalog:
                  "FROM entries e JOIN shards s ON s.name = e.shard "
                  f"WHERE e.key IN ({','.join('?' * len(chunk))})")
             for k, s, r, n, t, h, p in db.execute(q, chunk):
-                held = _held(p)
-                if (need_tokens and not h) or not need <= set(held):
+                if p not in seen:  # a few shards serve many keys: parse each one's list once
+                    seen[p] = (_held(p), need <= set(_held(p)))
+                held, has_all = seen[p]
+                if (need_tokens and not h) or not has_all:
                     continue
                 out[k] = Entry(k, s, r, n, bool(t), bool(h), held)
         return out
