@@ -38,6 +38,7 @@ from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.poolings import DEFAULT_POOLINGS, parse_poolings
 from layerbank.cache.shard import TokenRows
 
+from .long_texts import head_for_tokens
 from .pooling import pool_hidden_states
 from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 # defined without torch, so the command line can fail on a missing model before importing torch
@@ -155,6 +156,15 @@ class Encoder:
         truncation, so the common case costs one pass.
         """
         max_len = int(self.config.max_length or 512)
+        full = list(texts)
+        if self.config.truncation_side == "right":  # workers/long_texts.py: the same tokens, sooner
+            heads = [head_for_tokens(t, max_len) for t in full]
+            texts = [t if h is None else h for t, h in zip(full, heads)]
+            short = [i for i, h in enumerate(heads) if h is not None
+                     and len(self.tokenizer(h, add_special_tokens=self.config.add_special_tokens,
+                                            verbose=False)["input_ids"]) <= max_len]
+            for i in short:  # the prefix held too few tokens (very long words): the whole text after all
+                texts[i] = full[i]
         enc = self.tokenizer(list(texts), add_special_tokens=self.config.add_special_tokens,
                              truncation=False, return_offsets_mapping=want_offsets,
                              return_attention_mask=False, verbose=False)

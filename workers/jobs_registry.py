@@ -118,8 +118,9 @@ class JobContext:
         self.lease.write()
 
     def should_continue(self) -> bool:
-        if self.job.kind not in URGENT_KINDS:
-            self.worker.serve_urgent()
+        # every job, urgent ones too: a 300-text request's batches let a 1-text miss through
+        # (serve_urgent runs one level deep, so nested requests do not recurse)
+        self.worker.serve_urgent()
         return not (self.stopped.is_set() or self.worker.stopping.is_set())
 
 

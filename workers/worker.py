@@ -26,10 +26,9 @@ Contract
 
 Urgent work inside long jobs: ``JobContext.should_continue()`` is called by
 ``layerbank.workers.extract.extract`` before every part and every token-budget batch.
-For jobs that are not themselves urgent, it first runs any waiting ``encode``
-jobs (the synchronous misses of HTTP requests) to completion, so a large
-dataset delays a request by at most one batch of its own, never by the whole
-dataset.
+It first runs any waiting ``encode`` jobs (the synchronous misses of HTTP
+requests) to completion, one level deep, so a large dataset or a huge request
+delays a small request by at most one batch of its own, never by all of it.
 
 Kinds are a registry: ``workers/jobs_registry.py`` says how to add one.
 
