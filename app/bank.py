@@ -309,6 +309,11 @@ def _inputs(texts: Any, labels: Any, text_column: str | None,
 
 def _hold(data_dir: Path) -> Any:
     """The directory's lock; the CLI's refusal, plus the server's URL when it wrote one."""
+    where = str(Path(data_dir).resolve())
+    mine = next((b for k, b in _open.items() if k[:2] == (os.getpid(), where)), None)
+    if mine is not None:  # the lock would say "in use by pid <this one>": say which Bank instead
+        raise RuntimeError(f"data directory {data_dir} is already open in this process: {mine!r}; "
+                           "get that one with layerbank.Bank.shared(data_dir, model), or close() it first")
     try:
         return hold_data_dir(data_dir)
     except RuntimeError as e:

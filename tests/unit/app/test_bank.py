@@ -168,3 +168,9 @@ def test_a_pooling_the_directory_does_not_store_is_refused(tmp_path: Path, tiny_
                            r"open the Bank with poolings='mean,cls'"):
             b.features(["a"], pooling="cls")
         assert b.features(["a"], pooling="mean").shape == (1, 32) and b.stats["encoded"] == 1
+
+
+def test_a_directory_open_in_this_process_names_that_bank(bank: Bank, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"is already open in this process: Bank\(.*data'.*; get that one "
+                       r"with layerbank.Bank.shared\(data_dir, model\), or close\(\) it first"):
+        Bank(tmp_path / "data")
