@@ -62,8 +62,16 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
         raise
     with ex:
+        from layerbank.app.cli.cost import announce
+
+        job_id = "cli-" + uuid.uuid4().hex[:10]
+        _check_view(view, int(ex.encoder.info["n_hidden_states"]))  # before anything is encoded
+        announce(ex, table.texts)  # a large file says what it will cost first
         try:
-            x = ex.features(table.texts, view, args.pooling, job_id="cli-" + uuid.uuid4().hex[:10])
+            # the misses first, with a bar (and its ETA); features() then reads them all from the store
+            ex.extract(table.texts, job_id=job_id, progress_bar=not args.no_progress,
+                       max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
+            x = ex.features(table.texts, view, args.pooling, job_id=job_id)
         except ViewError as e:
             fail(str(e))
             raise

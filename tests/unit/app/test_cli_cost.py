@@ -98,3 +98,20 @@ def test_extract_with_tokens_announces_bytes_on_disk(tiny_model_dir: str, tmp_pa
                      r"\(3 hidden states x 32 x float16 per token\); ~\d+ s at", err, re.M), err
     assert main(args) == 0  # all stored now: nothing to announce
     assert "cost:" not in capsys.readouterr().err
+
+
+def test_features_shows_its_extraction_and_checks_the_view_before_encoding(
+        tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(f"line {i} to encode" for i in range(30)) + "\n")
+    base = ["features", str(texts), "--data-dir", str(tmp_path / "d"), "--model", tiny_model_dir]
+    with pytest.raises(SystemExit) as e:  # the tiny model has hidden states 0..2
+        main(base + ["--view", "layer:9", "--out", str(tmp_path / "x.npy")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "layer 9 does not exist" in err and "text/s" not in err  # refused before any encoding
+    assert main(base + ["--view", "layer:-1", "--out", str(tmp_path / "x.npy")]) == 0
+    err = capsys.readouterr().err
+    assert "30/30" in err and "text/s" in err  # the extraction's bar
+    assert (tmp_path / "x.npy").exists()
