@@ -99,14 +99,15 @@ class Encoder:
         dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                            else ("cpu" if device == "auto" else device))
         try:
-            # found in the local Hugging Face cache: read it there, ask the hub nothing
-            local_only = {"local_files_only": True} if source.from_hf_cache else {}
-            tok = AutoTokenizer.from_pretrained(name, use_fast=True, trust_remote_code=trust_remote_code,
-                                                **local_only)
-            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, **local_only}
+            # found in the local Hugging Face cache: read its snapshot directory, so nothing
+            # asks the hub (local_files_only still let a lookup of adapter_config.json retry
+            # for 31 s with the hub unreachable); the fingerprint stays the hub id's
+            files = str(source.directory) if source.from_hf_cache else name
+            tok = AutoTokenizer.from_pretrained(files, use_fast=True, trust_remote_code=trust_remote_code)
+            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
             if dev.type == "cuda":
                 kwargs["attn_implementation"] = "sdpa"
-            model = AutoModel.from_pretrained(name, **kwargs)
+            model = AutoModel.from_pretrained(files, **kwargs)
         except (OSError, ValueError, KeyError) as e:
             raise ModelLoadError(f"cannot load model {name!r}: {e}") from e
         if not getattr(tok, "is_fast", False):

@@ -68,3 +68,24 @@ def test_offline_mode_does_not_even_try_the_hub(tmp_path: Path, monkeypatch: pyt
     _hub(monkeypatch, tmp_path / "empty", "http://127.0.0.1:9", offline=True)
     with pytest.raises(ModelLoadError, match="and HF_HUB_OFFLINE is set; give a local directory"):
         locate_model("bert-base-uncased")
+
+
+def test_a_cached_hub_model_loads_with_the_hub_unreachable(tiny_model_dir: str, tmp_path: Path) -> None:
+    # a Hugging Face cache laid out as the hub client writes it, holding the tiny model
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    repo = tmp_path / "hf" / "hub" / "models--org--tiny"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9")
+    code = ("from layerbank.workers.encoder import Encoder; e = Encoder.load('org/tiny', device='cpu'); "
+            "print(e.fingerprint, e.info['n_hidden_states'], e.encode(e.tokenize(['a text'])).n_tokens[0])")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["hub:org/tiny@main", "3", "4"]  # [CLS] a text [SEP]
+    assert "127.0.0.1:9" not in r.stderr  # the hub was never asked (it used to retry for 31 s)
