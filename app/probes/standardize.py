@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
 
-__all__ = ["Standardizer"]
+__all__ = ["NoiseAwareScaler", "Standardizer"]
 
 
 class Standardizer:
@@ -49,3 +50,26 @@ class Standardizer:
 
     def transform(self, X: np.ndarray) -> np.ndarray:
         return (np.asarray(X, dtype=np.float64)[:, self.keep_] - self.mean_) / self.scale_
+
+
+class NoiseAwareScaler(TransformerMixin, BaseEstimator):
+    """``StandardScaler`` for stored features, as a scikit-learn step: dimensions
+    below the storage dtype's resolution (see ``Standardizer``) are dropped.
+
+    >>> make_pipeline(NoiseAwareScaler("float16"), LogisticRegression())
+    """
+
+    def __init__(self, storage_dtype: Any = "float16") -> None:
+        self.storage_dtype = storage_dtype
+
+    def fit(self, X: np.ndarray, y: Any = None) -> "NoiseAwareScaler":
+        self.standardizer_ = Standardizer(self.storage_dtype).fit(X)
+        self.n_dropped_ = self.standardizer_.n_dropped
+        self.n_features_in_ = np.asarray(X).shape[1]
+        return self
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self, "standardizer_")
+        return self.standardizer_.transform(X)

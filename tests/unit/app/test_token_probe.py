@@ -257,18 +257,48 @@ def test_fits_stopped_at_max_iter_are_warned_about_in_the_result_and_the_table(s
     assert mdl_ticks == [(0, 3), (1, 3), (2, 3), (3, 3)]
     assert [r["converged"] for r in result["rows"]] == [False, False]
     assert result["warnings"] == [
-        "layer:0: the tagger stopped at max_iter (2) before converging",
-        "layer:0: the control task's head stopped at max_iter (2) before converging",
-        f"layer:{CARRIER}: the tagger stopped at max_iter (2) before converging",
-        f"layer:{CARRIER}: the control task's head stopped at max_iter (2) before converging"]
+        "layer:0: the tagger stopped at max_iter (2, grown to 8) before converging",
+        "layer:0: the control task's head stopped at max_iter (2, grown to 8) before converging",
+        f"layer:{CARRIER}: the tagger stopped at max_iter (2, grown to 8) before converging",
+        f"layer:{CARRIER}: the control task's head stopped at max_iter (2, grown to 8) before converging"]
     result.update(word_mode="first", n_sentences={"train": 250, "valid": 100})
     table = _token_table(result).splitlines()
     assert table[0].endswith("converged")
     assert table[1].startswith("layer:0") and table[1].endswith("NO (see warnings)")
-    assert table[-1] == f"warning: layer:{CARRIER}: the control task's head stopped at max_iter (2) before converging"
+    assert table[-1] == f"warning: layer:{CARRIER}: the control task's head stopped at max_iter (2, grown to 8) before converging"
 
     settled = run_token_probe(train, valid, views=[f"layer:{CARRIER}"], control_task=False)
     assert settled["warnings"] == [] and settled["rows"][0]["converged"] is True
     settled.update(word_mode="first", n_sentences={"train": 250, "valid": 100})
     assert _token_table(settled).splitlines()[1].endswith("yes")
     assert "warning" not in _token_table(settled)
+
+
+def test_the_iteration_budget_grows_until_the_tagger_converges(splits):
+    # 15 iterations are too few for this tagger, 4 x 15 are enough: no warning, converged
+    train, valid = splits
+    small = run_token_probe(train, valid, views=[f"layer:{CARRIER}"], max_iter=15, control_task=False, mdl=False)
+    row = small["rows"][0]
+    assert row["converged"] and small["warnings"] == []
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    x = train.states[:, CARRIER]
+    y = np.array([t for s in train.tags for t in s])
+    with pytest.warns(ConvergenceWarning):  # the same fit with a fixed budget of 15 stops short
+        LogisticRegression(max_iter=15).fit((x - x.mean(0)) / x.std(0), y)
+
+
+def test_dimensions_that_are_float16_rounding_noise_are_left_out(splits):
+    train, valid = splits
+    from layerbank.app.probes.standardize import NoiseAwareScaler
+
+    noisy = train.states.copy()
+    base = np.float16(0.37)
+    rng = np.random.default_rng(9)
+    noisy[:, :, 0] = np.where(rng.random(noisy.shape[:2]) < 0.5, base, np.nextafter(base, np.float16(1)))
+    scaler = NoiseAwareScaler("float16").fit(noisy[:, CARRIER])
+    assert scaler.n_dropped_ == 1 and scaler.transform(noisy[:, CARRIER]).shape[1] == D - 1
+    result = run_token_probe(WordStates(noisy, train.words, train.tags), valid, views=[f"layer:{CARRIER}"],
+                             control_task=False, mdl=False)
+    assert result["rows"][0]["dropped_dims"] == 1 and result["rows"][0]["f1"] > 0.9
