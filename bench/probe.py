@@ -81,15 +81,38 @@ def sweep(data_dir: Path, texts: list[str], labels: list[str], threads: int) -> 
             summary = ex.extract(texts, job_id="bench-probe")
         keys = summary.keys
         with Clock() as clock:
+            # the accuracy sweep alone, as the baseline does no more; MDL is timed on its own below
             result = run_probe(lambda p: ex.store.read_pooled(keys, p).data, labels, views=["each_layer"],
                                poolings=POOLINGS, head="logistic", cv=5, seed=0, control_task=False,
-                               learning_curve=False)
-    return {"extraction_wall_s": round(extraction.wall, 2), "extraction_cpu_s": round(extraction.cpu, 2),
+                               learning_curve=False, mdl=False)
+        mdl = mdl_columns(ex.store, keys, labels)
+    return {"mdl": mdl, "extraction_wall_s": round(extraction.wall, 2), "extraction_cpu_s": round(extraction.cpu, 2),
             "tokens": summary.tokens_encoded, "sweep_wall_s": round(clock.wall, 2),
             "sweep_cpu_s": round(clock.cpu, 2), "fits": len(result["results"]) * 5,
             "accuracy": {f"{r['layer']}/{r['pooling']}": round(r["accuracy"]["mean"], 4)
                          for r in result["results"]},
             "best": result["best"]}
+
+
+def mdl_columns(store: Any, keys: Any, labels: list[str]) -> dict[str, Any]:
+    """Online codelength (Voita & Titov 2020) per hidden state and pooling, and what it cost."""
+    import numpy as np
+
+    from layerbank.app.probes.mdl import online_codelength
+
+    from threadpoolctl import threadpool_limits
+
+    classes, y = np.unique(np.asarray(labels), return_inverse=True)
+    out: dict[str, Any] = {"views": {}}
+    with Clock() as clock, threadpool_limits(limits=1):  # as run_probe fits: one BLAS thread
+        for pooling in POOLINGS:
+            states = store.read_pooled(keys, pooling).data
+            for layer in range(states.shape[1]):
+                code = online_codelength(states[:, layer], y, len(classes), seed=0)
+                out["views"][f"{layer}/{pooling}"] = {"online_kbits": round(code["online_bits"] / 1000, 2),
+                                                     "compression": code["compression"]}
+    out["wall_s"], out["cpu_s"] = round(clock.wall, 2), round(clock.cpu, 2)
+    return out
 
 
 def baseline(texts: list[str], labels: list[str], probes: list[tuple[int, str]], threads: int) -> dict:
@@ -168,6 +191,12 @@ def main() -> None:
     print(f"baseline   {n} probes (x{n}, est.) {base['total_wall_s_estimated']:8.1f} s wall "
           f"{base['total_cpu_s_estimated']:8.1f} s CPU")
     print(f"speed-up   {out['speedup_wall']}x wall, {out['speedup_cpu']}x CPU")
+    mdl = lb["mdl"]
+    print(f"MDL (online codelength) of all {len(mdl['views'])} views: {mdl['wall_s']:.1f} s wall, "
+          f"{mdl['cpu_s']:.1f} s CPU")
+    for view, m in mdl["views"].items():
+        print(f"  h_{view:<8} accuracy {lb['accuracy'][view]:.3f}  codelength {m['online_kbits']:7.2f} kbits  "
+              f"compression {m['compression']:.2f}")
     for r in base["runs"]:
         print(f"  probe {r['probe']:<7} accuracy: baseline {r['accuracy']:.3f}, "
               f"layerbank {lb['accuracy'][r['probe']]:.3f}")
