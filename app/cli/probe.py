@@ -41,6 +41,7 @@ from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_
 from layerbank.app.probes.head_names import PROBE_HEADS, describe
 from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.app.cli.extract import load_table
+from layerbank.app.cli.store_first import StoreFirst, locate
 
 __all__ = ["register", "run"]
 
@@ -159,6 +160,9 @@ def _run_sentence(args: argparse.Namespace) -> int:
         check_labels(table.labels, args.cv)
     except ProbeInputError as e:
         fail(f"{args.file}, label column {args.label_column!r}: {e}")
+    if (stored := _stored_states(settings, table.texts, views, poolings)) is not None:
+        # every text stored: torch and the weights stay unloaded (app/cli/store_first.py)
+        return _probe_and_report(args, stored[0], table.labels, views, poolings, sizes, stored[1])
     with _open(settings) as ex:
         ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10], progress_bar=not args.no_progress,
                    max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
@@ -171,6 +175,31 @@ def _run_sentence(args: argparse.Namespace) -> int:
             states[pooling] = res.data
         model = _model(ex)
     return _probe_and_report(args, states, table.labels, views, poolings, sizes, model)
+
+
+def _stored_states(settings: Any, texts: list[str], views: list[str],
+                   poolings: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The pooled states of every text and the model summary, when the store holds
+    them all; a view the model cannot give is refused here, before anything loads."""
+    from layerbank.app.probes.inputs import ProbeInputError, expand_views
+    from layerbank.app.probes.requests import model_summary
+
+    with StoreFirst.open(settings, locate(settings)) as sf:
+        try:
+            if (h := sf.n_hidden_states) is not None:
+                expand_views(views, h)
+        except ProbeInputError as e:
+            fail(str(e))
+        if sf.model is None or sf.all_stored(texts) is None:
+            return None
+        keys = sf.keys(texts)
+        states = {}
+        for pooling in poolings:
+            res = sf.store.read_pooled(keys, pooling)
+            if not res.found.all():  # a pooling not stored, or a shard quarantined: encode
+                return None
+            states[pooling] = res.data
+        return states, model_summary(sf.model.info, sf.model.fingerprint)
 
 
 def _model(ex: Any) -> dict[str, Any]:

@@ -72,6 +72,16 @@ def test_a_cached_rerun_encodes_nothing_and_never_imports_torch(stored: Path) ->
     assert not HEAVY & r.imported
 
 
+def test_a_probe_on_stored_texts_never_imports_torch(stored: Path) -> None:
+    r = layerbank("probe", str(SAMPLE), "--text-column", "sentence", "--label-column", "label",
+                  "--views", "layer:-2", "--poolings", "mean", "--cv", "3", "--no-control-task",
+                  "--no-learning-curve", "--no-progress", cwd=ROOT, data_dir=stored)
+    assert r.code == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("layer:-2"))
+    assert row.split()[1] == "mean" and 0.6 < float(row.split()[2]) < 1.0  # accuracy
+    assert "sklearn" in r.imported and not {"torch", "transformers"} & r.imported
+
+
 def test_features_writes_the_format_its_suffix_names(stored: Path, tmp_path: Path) -> None:
     for name in ("X.npy", "X.parquet", "X.h5"):
         r = layerbank("features", str(SAMPLE), "--text-column", "sentence", "--out",
@@ -118,6 +128,11 @@ def test_a_missing_layer_is_refused_before_loading_the_model(stored: Path, tmp_p
         assert r.stderr == [LAYER_9]
         assert not HEAVY & r.imported
     assert not (tmp_path / "X.npy").exists()
+    assert list((tmp_path / "fresh" / "shards").iterdir()) == []
+    r = layerbank("probe", str(SAMPLE), "--text-column", "sentence", "--label-column", "label",
+                  "--views", "layer:9", cwd=ROOT, data_dir=tmp_path / "fresh")
+    assert (r.code, r.stderr) == (2, [LAYER_9])
+    assert not {"torch", "transformers"} & r.imported
     assert list((tmp_path / "fresh" / "shards").iterdir()) == []
 
 
