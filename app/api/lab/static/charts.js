@@ -69,10 +69,12 @@ export function lineChart(opts) {
     s("text", { x: 14, y: (m.t + H - m.b) / 2, "text-anchor": "middle", class: "axis-label",
       transform: `rotate(-90 14 ${(m.t + H - m.b) / 2})` }, opts.yLabel || ""));
   svg.append(axes);
+  const ends = [];  // labels at the right end of lines, spread apart below so none overlaps another
   for (const l of opts.hlines || []) {
+    const label = s("text", { x: W - m.r + 4, y: Y(l.y) + 4, class: "tick" }, `${l.label} ${yf(l.y)}`);
+    ends.push(label);
     svg.append(s("g", { class: "hline", "data-label": l.label, "data-value": l.y },
-      s("line", { x1: m.l, x2: W - m.r, y1: Y(l.y), y2: Y(l.y), stroke: "#777", "stroke-dasharray": "3 3" }),
-      s("text", { x: W - m.r + 4, y: Y(l.y) + 4, class: "tick" }, `${l.label} ${yf(l.y)}`)));
+      s("line", { x1: m.l, x2: W - m.r, y1: Y(l.y), y2: Y(l.y), stroke: "#777", "stroke-dasharray": "3 3" }), label));
   }
   opts.series.forEach((sr, i) => {
     const color = sr.color || COLORS[i % COLORS.length], dash = sr.dash ?? DASHES[i % DASHES.length];
@@ -88,7 +90,9 @@ export function lineChart(opts) {
       g.append(s("polyline", { points: line.map((p) => `${X(p.x)},${Y(p.y)}`).join(" "), fill: "none",
         stroke: color, "stroke-width": 2, "stroke-dasharray": dash || null }));
       const last = line[line.length - 1];
-      g.append(s("text", { x: W - m.r + 4, y: Y(last.y) + 4, class: "series-label", fill: color }, sr.label));
+      const label = s("text", { x: W - m.r + 4, y: Y(last.y) + 4, class: "series-label", fill: color }, sr.short || sr.label);
+      ends.push(label);
+      g.append(label);
     }
     for (const p of sr.points) {
       if (p.std && (sr.connect === false || p.connect === false)) {
@@ -100,6 +104,10 @@ export function lineChart(opts) {
       g.append(mk);
     }
     svg.append(g);
+  });
+  ends.sort((a, b) => a.getAttribute("y") - b.getAttribute("y"));
+  ends.forEach((el, i) => {
+    if (i && el.getAttribute("y") - ends[i - 1].getAttribute("y") < 13) el.setAttribute("y", Number(ends[i - 1].getAttribute("y")) + 13);
   });
   if (opts.mark) {
     const sr = opts.series.find((x) => x.id === opts.mark.series);

@@ -31,7 +31,8 @@ export async function comparePage(params) {
     const label = `${p.id.slice(0, 8)} (${names[p.request.dataset_id] || p.request.dataset_id}, ${p.result.model.name || ""}) `;
     probeSeries(p.result, "accuracy", { prefix: `${p.id}:`, labelPrefix: label }).series.forEach((sr, j) => {
       // only the layers: combined views may differ between probes
-      series.push({ ...sr, points: sr.points.filter((q) => q.connect), color: COLORS[i % COLORS.length],
+      series.push({ ...sr, short: `${p.id.slice(0, 8)} ${sr.id.split(":")[1]}`,
+        points: sr.points.filter((q) => q.connect), color: COLORS[i % COLORS.length],
         dash: DASHES[i % DASHES.length], marker: MARKERS[j % MARKERS.length] });
     });
   });
