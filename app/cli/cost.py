@@ -5,7 +5,8 @@ the data directory grew by 2.0 GB and the command ran for minutes, with no
 warning. ``extraction_cost(ex, texts, want_tokens)`` counts what the store
 lacks (texts and their tokens, with the model's own tokenizer), the bytes the
 token-level states will take on disk (every hidden state, ``[n_tokens, d]``
-at the storage dtype, plus ids, character spans and word ids), and the time
+at the storage dtype, plus ids, character spans and word ids) and the pooled
+vectors (HDF5 chunking and checksums add a little to both), and the time
 at a rate measured on the spot: one small batch of the missing texts is
 encoded and timed (its vectors are thrown away; under a second on this
 machine's two cores). ``describe(cost)`` is the line printed to stderr.
@@ -45,6 +46,7 @@ class Cost:
     hidden_size: int
     storage_dtype: str
     token_bytes: int | None  # on disk for token-level states; None when they are not stored
+    pooled_bytes: int  # on disk for the pooled vectors: every hidden state x every stored pooling
     tokens_per_second: float  # measured on ``sample_texts`` of the missing texts
     sample_texts: int
 
@@ -73,7 +75,9 @@ def extraction_cost(ex: Any, texts: Sequence[str], want_tokens: bool) -> Cost | 
         return None
     h, d = int(enc.info["n_hidden_states"]), int(enc.info["hidden_size"])
     dtype = str(enc.config.storage_dtype)
-    token_bytes = tokens * (h * d * _DTYPE_BYTES.get(dtype, 4) + _TOKEN_EXTRA_BYTES) if want_tokens else None
+    width = _DTYPE_BYTES.get(dtype, 4)
+    token_bytes = tokens * (h * d * width + _TOKEN_EXTRA_BYTES) if want_tokens else None
+    pooled_bytes = len(missing) * h * len(getattr(enc, "poolings", ("mean", "cls", "max"))) * d * width
     # time a batch shaped like the run's own (the first texts, as given); encode() pools on the
     # device and returns numpy, so this is the encoder's part of the cost, writing excluded
     sample = enc.tokenize(missing[:_SAMPLE_TEXTS])
@@ -83,7 +87,8 @@ def extraction_cost(ex: Any, texts: Sequence[str], want_tokens: bool) -> Cost | 
     seconds = time.perf_counter() - started
     rate = sum(sample.lengths) / seconds if seconds > 0 else 0.0
     return Cost(texts=len(missing), tokens=tokens, n_hidden_states=h, hidden_size=d, storage_dtype=dtype,
-                token_bytes=token_bytes, tokens_per_second=rate, sample_texts=len(sample.input_ids))
+                token_bytes=token_bytes, pooled_bytes=pooled_bytes, tokens_per_second=rate,
+                sample_texts=len(sample.input_ids))
 
 
 def _size(n: float) -> str:
@@ -107,7 +112,10 @@ def describe(cost: Cost) -> str:
     parts = [f"about to encode {cost.texts:,} texts ({cost.tokens:,} tokens)"]
     if cost.token_bytes is not None:
         parts.append(f"token states {_size(cost.token_bytes)} on disk ({cost.n_hidden_states} hidden "
-                     f"states x {cost.hidden_size} x {cost.storage_dtype} per token)")
+                     f"states x {cost.hidden_size} x {cost.storage_dtype} per token), pooled vectors "
+                     f"{_size(cost.pooled_bytes)}")
+    else:
+        parts.append(f"pooled vectors {_size(cost.pooled_bytes)} on disk")
     parts.append(f"{_duration(cost.seconds)} at {cost.tokens_per_second:,.0f} tokens/s (timed on "
                  f"{cost.sample_texts} of these texts)")
     return "cost: " + "; ".join(parts)

@@ -45,9 +45,12 @@ def test_extraction_cost_counts_only_missing_texts_and_their_token_bytes(tiny_mo
         h, d = ex.encoder.info["n_hidden_states"], ex.encoder.info["hidden_size"]
         assert with_tokens.token_bytes == sum(ex.encoder.tokenize(texts).lengths) * (h * d * 2 + 16)
         assert with_tokens.tokens_per_second > 0 and with_tokens.sample_texts == 32
+        assert with_tokens.pooled_bytes == 40 * h * 3 * d * 2  # mean, cls, max at float16
+        assert c.pooled_bytes == 30 * h * 3 * d * 2
     line = cost.describe(with_tokens)
     assert line.startswith(f"cost: about to encode 40 texts ({with_tokens.tokens:,} tokens); token states ")
-    assert f"({h} hidden states x {d} x float16 per token)" in line
+    assert f"({h} hidden states x {d} x float16 per token), pooled vectors " in line
+    assert "; pooled vectors " in cost.describe(c) and " on disk; " in cost.describe(c)
     assert re.search(r"; ~\d+ s at [\d,]+ tokens/s \(timed on 32 of these texts\)$", line), line
 
 
@@ -95,7 +98,7 @@ def test_extract_with_tokens_announces_bytes_on_disk(tiny_model_dir: str, tmp_pa
     assert main(args) == 0
     err = capsys.readouterr().err
     assert re.search(r"^cost: about to encode 50 texts \([\d,]+ tokens\); token states [\d.,]+ KB on disk "
-                     r"\(3 hidden states x 32 x float16 per token\); ~\d+ s at", err, re.M), err
+                     r"\(3 hidden states x 32 x float16 per token\), pooled vectors [\d.,]+ KB; ~\d+ s at", err, re.M), err
     assert main(args) == 0  # all stored now: nothing to announce
     assert "cost:" not in capsys.readouterr().err
 
