@@ -1,0 +1,75 @@
+"""The ONNX Runtime engine gives the torch engine's rows, and its export is cached safely.
+
+Tiny random BERT (tests/conftest.py); the bundled model is compared in
+tests/integration/test_engines.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from layerbank.workers.engines.onnx import EngineMismatch, OnnxEngine, export_path  # noqa: E402
+
+TEXTS = ["a short one", "a somewhat longer text with more words in it than the first",
+         "third", "pad me please, I am of middling length"]
+
+
+def _rows(enc, want_tokens: bool = False):  # type: ignore[no-untyped-def]
+    return enc.encode(enc.tokenize(TEXTS, want_offsets=want_tokens), want_tokens=want_tokens)
+
+
+def test_onnx_rows_are_within_1e_4_of_torch_fp32(tiny_encoder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
+    onnx_enc = dataclasses.replace(tiny_encoder, engine=engine)
+    want, got = _rows(tiny_encoder, True), _rows(onnx_enc, True)
+    assert set(got.pooled) == set(want.pooled) == set(tiny_encoder.poolings)
+    for name in want.pooled:
+        w, g = want.pooled[name], got.pooled[name]
+        assert g.shape == w.shape == (4, 3, 32)
+        rel = np.abs(g - w).max() / np.abs(w).max()
+        assert rel < 1e-4, (name, rel)
+    assert want.tokens is not None and got.tokens is not None
+    for a, b in zip(want.tokens, got.tokens):
+        assert np.abs(a.states - b.states).max() / np.abs(a.states).max() < 1e-4
+    np.testing.assert_array_equal(got.n_tokens, want.n_tokens)
+
+
+def test_the_export_is_cached_and_reused(tiny_encoder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
+    path = export_path(tmp_path, tiny_encoder.fingerprint)
+    assert first.path == path and path.stat().st_size > 10_000
+    stamp = path.stat().st_mtime_ns
+    again = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
+    assert again.path == path and path.stat().st_mtime_ns == stamp  # opened, not exported again
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
+    # another model (fingerprint) gets its own file
+    assert export_path(tmp_path, "another-model") != path
+
+
+def test_a_half_written_export_is_ignored(tiny_encoder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = export_path(tmp_path, tiny_encoder.fingerprint)
+    path.parent.mkdir(parents=True)
+    good = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path / "good").path
+    path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a crash mid-copy
+    engine = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
+    assert path.stat().st_size == good.stat().st_size  # exported again, whole
+    onnx_rows = _rows(dataclasses.replace(tiny_encoder, engine=engine)).pooled["mean"]
+    assert np.abs(onnx_rows - _rows(tiny_encoder).pooled["mean"]).max() < 1e-4
+
+
+def test_an_export_of_other_weights_is_refused(tiny_encoder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
+    import torch
+
+    changed = type(tiny_encoder.model)(tiny_encoder.model.config).eval()  # fresh random weights
+    torch.manual_seed(1)
+    with pytest.raises(EngineMismatch, match="differs from torch"):
+        OnnxEngine.open(changed, tiny_encoder.fingerprint, tmp_path)  # same key, wrong file
+    assert os.path.exists(export_path(tmp_path, tiny_encoder.fingerprint))

@@ -1,0 +1,174 @@
+"""``--engine auto`` and ``--precision auto`` on a CPU: time the candidates, keep the faster.
+
+Both run once per machine, model and library versions (the decision is
+stored in the data directory, workers/measured.py), on batches shaped like
+the model's own work: random token ids at two lengths within the model's
+maximum, one row of each padded, encoded through the real path (forward
+pass and pooling), in alternating rounds.
+
+1. Engine (fp32): torch against ONNX Runtime. ONNX is kept when it ran at
+   least ``ENGINE_MARGIN`` faster; its numbers are checked against torch's
+   whenever it opens (engines/onnx.py), so this is a choice of speed only.
+2. Precision (``auto`` only): fp32 on the engine chosen in 1 against torch
+   bf16. bf16 is kept when it ran at least ``BF16_MARGIN`` faster *and* its
+   pooled rows on the same batches stay within the documented tolerance
+   (max relative L2 difference ``BF16_MAX_REL_L2``, docs/precision.md);
+   otherwise fp32. The flags a CPU reports do not decide: bf16 measured
+   0.68x fp32 on one AVX-512 BF16 VM and 2.2-3.5x on another.
+
+Example::
+
+    enc = apply_choices(enc, engine="auto", precision="auto", data_dir="layerbank-data")
+    enc.info["engine_choice"]    # {'chosen': 'onnx', 'measured_ratio': 2.04, ...}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..measured import Measured, cpu_model, measured_choice, time_alternating
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder, Tokenized
+
+__all__ = ["BF16_MARGIN", "BF16_MAX_REL_L2", "ENGINE_MARGIN", "apply_choices", "choose_engine",
+           "choose_precision", "pick_engine", "pick_precision"]
+
+log = logging.getLogger("layerbank.engines")
+
+ENGINE_MARGIN = 1.05  # same numbers either way: a small margin only so noise does not flip it
+BF16_MARGIN = 1.10  # bf16 changes the numbers (and so the keys): worth it only for a clear gain
+BF16_MAX_REL_L2 = 0.02  # docs/precision.md, "Tolerance"
+
+
+def pick_engine(figures: dict[str, float]) -> tuple[str, float]:
+    ratio = figures["torch"] / figures["onnx"]
+    return ("onnx" if ratio >= ENGINE_MARGIN else "torch"), ratio
+
+
+def pick_precision(figures: dict[str, float]) -> tuple[str, float]:
+    ratio = figures["fp32"] / figures["bf16"]
+    keeps_accuracy = figures.get("bf16_max_rel_l2", 0.0) <= BF16_MAX_REL_L2
+    return ("bf16" if ratio >= BF16_MARGIN and keeps_accuracy else "fp32"), ratio
+
+
+def sample_batches(enc: Encoder, seed: int = 0) -> list[Tokenized]:
+    """Two batches of about 512 tokens each, at a short and a long length the model takes."""
+    from ..encoder import Tokenized
+
+    rng = np.random.default_rng(seed)
+    vocab = int(getattr(enc.model.config, "vocab_size", 1000))
+    max_len = int(enc.config.max_length or 512)
+    batches = []
+    for length in (min(32, max_len), min(128, max_len)):
+        n = max(2, 512 // length)
+        ids = [list(rng.integers(1000 if vocab > 2000 else 1, vocab, size=length)) for _ in range(n)]
+        ids[-1] = ids[-1][: max(2, length * 3 // 4)]  # one padded row, as sorted batches have
+        batches.append(Tokenized([[int(i) for i in row] for row in ids], [False] * n))
+    return batches
+
+
+def _encode_all(enc: Encoder, batches: list[Tokenized]) -> Callable[[], list[np.ndarray]]:
+    return lambda: [enc.encode(b).pooled[enc.poolings[0]] for b in batches]
+
+
+def _machine(enc: Encoder, **extra: str) -> dict[str, str]:
+    return {"cpu": cpu_model(), "torch": torch.__version__, "threads": str(torch.get_num_threads()),
+            "model": enc.fingerprint, "max_length": str(enc.config.max_length), **extra}
+
+
+def choose_engine(enc: Encoder, data_dir: str | os.PathLike[str] | None,
+                  measure: Callable[[], dict[str, float]] | None = None) -> tuple[Encoder, Measured]:
+    """``enc`` on ONNX Runtime or torch, whichever measured faster (fp32 on a CPU)."""
+    import dataclasses
+
+    import onnxruntime as ort
+
+    from .onnx import OnnxEngine
+
+    onnx_enc = dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
+    batches = sample_batches(enc)
+    timed = measure or (lambda: time_alternating({"torch": _encode_all(enc, batches),
+                                                  "onnx": _encode_all(onnx_enc, batches)}))
+    found = measured_choice(data_dir, "engine", _machine(enc, onnxruntime=ort.__version__),
+                            timed, pick_engine)
+    chosen = onnx_enc if found.choice == "onnx" else enc
+    return chosen, found
+
+
+def choose_precision(enc: Encoder, data_dir: str | os.PathLike[str] | None,
+                     measure: Callable[[], dict[str, float]] | None = None) -> Measured:
+    """fp32 (on ``enc``'s engine) or bf16, by measurement; ``enc`` computes in fp32."""
+    bf16 = enc.with_precision("bf16")
+    batches = sample_batches(enc)
+
+    def timed() -> dict[str, float]:
+        fp32_rows, bf16_rows = _encode_all(enc, batches)(), _encode_all(bf16, batches)()
+        worst = max(float((np.linalg.norm(b - a, axis=-1) / np.maximum(np.linalg.norm(a, axis=-1), 1e-12)).max())
+                    for a, b in zip(fp32_rows, bf16_rows))
+        figures = time_alternating({"fp32": _encode_all(enc, batches), "bf16": _encode_all(bf16, batches)})
+        return {**figures, "bf16_max_rel_l2": worst}
+
+    engine = getattr(enc.engine, "name", "torch")
+    return measured_choice(data_dir, "precision", _machine(enc, fp32_engine=engine), measure or timed,
+                           pick_precision)
+
+
+def apply_choices(enc: Encoder, *, engine: str, precision: str,
+                  data_dir: str | os.PathLike[str] | None) -> Encoder:
+    """The encoder with the engine and precision the settings ask for, measured where they say auto.
+
+    Off the CPU, or at a precision other than fp32, the engine is torch.
+    An ONNX engine that cannot be used (onnxruntime missing, export failed,
+    numbers differ) falls back to torch with a warning when ``engine`` is
+    auto, and raises when it is ``onnx``.
+    """
+    info: dict[str, Any] = {"engine": "torch"}
+    on_cpu_fp32 = enc.device.type == "cpu" and enc.config.precision == "fp32"
+    if engine != "torch" and on_cpu_fp32:
+        try:
+            if engine == "onnx":
+                from .onnx import OnnxEngine
+
+                import dataclasses
+
+                enc = dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
+                info["engine_choice"] = {"chosen": "onnx", "reason": "asked for"}
+            else:
+                enc, found = choose_engine(enc, data_dir)
+                info["engine_choice"] = {**found.as_info(), "reason": "measured: onnx / torch speed"}
+        except Exception as e:  # noqa: BLE001 - any failure of the optional engine leaves torch
+            if engine == "onnx":
+                raise
+            log.warning("engine auto: ONNX Runtime not used (%s); running torch", e)
+            info["engine_choice"] = {"chosen": "torch", "reason": f"onnx unavailable: {e}"}
+        info["engine"] = getattr(enc.engine, "name", "torch")
+    if precision == "auto" and on_cpu_fp32:
+        found = choose_precision(enc, data_dir)
+        info["precision_choice"] = {**found.as_info(), "reason": "measured: bf16 / fp32 speed"}
+        if found.choice != "fp32":
+            enc = enc.with_precision(found.choice)
+            info["engine"] = "torch"
+        modes = dict(enc.info.get("precision_modes", {}))
+        modes["auto"] = found.choice
+        info["precision_modes"] = modes
+    enc.info.update(info)
+    log.info("%s", choices_line(enc.info))
+    return enc
+
+
+def choices_line(info: dict[str, Any]) -> str:
+    """One line for the CLI: engine and precision, and the measured ratio behind each."""
+    parts = [f"engine {info.get('engine', 'torch')}"]
+    if (e := info.get("engine_choice")) and "measured_ratio" in e:
+        parts[-1] += f" (onnx ran {e['measured_ratio']:.2f}x torch{', stored' if e.get('reused') else ''})"
+    parts.append(f"precision {info.get('precision', 'fp32')}")
+    if (p := info.get("precision_choice")) and "measured_ratio" in p:
+        parts[-1] += f" (bf16 ran {p['measured_ratio']:.2f}x fp32{', stored' if p.get('reused') else ''})"
+    return ", ".join(parts)
