@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 __all__ = ["ExtractionConfig", "text_key", "STORAGE_DTYPES", "PRECISIONS", "PRECISION_CHOICES",
            "PrecisionChoice"]
@@ -22,7 +22,10 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # the modes a key records
 # what a user may ask for: the modes, and two that resolve to one of them on the
 # machine at hand (workers/precision.py); the API, the CLI and the settings read this list
 PRECISION_CHOICES = ("default", "auto") + PRECISIONS
-PrecisionChoice = Literal[PRECISION_CHOICES]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # a Literal built from a tuple, which type checkers cannot follow
+    PrecisionChoice = str
+else:
+    PrecisionChoice = Literal[PRECISION_CHOICES]
 
 
 @dataclass(frozen=True)

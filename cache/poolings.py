@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 __all__ = ["DEFAULT_POOLINGS", "LEGACY_POOLINGS", "POOLINGS", "POOLING_NAMES", "PoolingName", "parse_poolings"]
 
@@ -34,7 +34,11 @@ POOLINGS: dict[str, str] = {
 }
 POOLING_NAMES: tuple[str, ...] = tuple(POOLINGS)
 # the type pydantic models and settings use: their JSON-schema enum is this registry
-PoolingName = Literal[POOLING_NAMES]  # type: ignore[valid-type]
+# (a Literal built from a tuple, which type checkers cannot follow: they see str)
+if TYPE_CHECKING:
+    PoolingName = str
+else:
+    PoolingName = Literal[POOLING_NAMES]
 
 # what every shard written before shards recorded their poolings holds
 LEGACY_POOLINGS: tuple[str, ...] = ("mean", "cls", "max")

@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
@@ -53,9 +53,9 @@ __all__ = [
     "view_pattern",
 ]
 
-Pooling = PoolingName  # the registry's names (cache/poolings.py); a server stores those its setting names
+Pooling: TypeAlias = PoolingName  # the registry's names (cache/poolings.py); a server stores those its setting names
 Format = Literal["json", "base64"]
-Precision = PrecisionChoice  # cache/keys.py
+Precision: TypeAlias = PrecisionChoice  # cache/keys.py
 _PRECISION = ("compute precision for the misses, and so which stored rows answer (rows computed "
               "at another precision never do); default: the served precision in /info")
 # the schema says what the routes enforce (with friendlier messages than a pattern error):
