@@ -159,6 +159,9 @@ def _dataset(store: FeatureStore, dataset_id: str) -> tuple[Dataset, DatasetItem
 def _read_states(store: FeatureStore, keys: list[str], pooling: str, what: str) -> np.ndarray:
     res = store.read_pooled(keys, pooling)
     lost = len(keys) - int(res.found.sum())
+    if lost and (older := store.lookup([k for k, ok in zip(keys, res.found) if not ok])):
+        raise JobInputError(f"{len(older)} of the {what}'s texts were stored before pooling {pooling!r} was "
+                            "set; upload the dataset again to compute it for them")
     if lost:
         raise JobInputError(f"{lost} of the {what}'s {len(keys)} texts are no longer stored (a damaged "
                             "shard was quarantined); upload the dataset again to recompute them")

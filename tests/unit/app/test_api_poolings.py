@@ -92,3 +92,24 @@ def test_probes_and_heads_on_a_pooling_the_server_does_not_store_are_422(tiny_ap
     head = c.post("/v1/heads", json={"dataset": ds, "view": "layer:1", "pooling": "max"})
     assert head.status_code == 422 and head.json()["field"] == "pooling", head.text
     assert "'max' is not stored by this server" in head.json()["error"]
+
+
+def test_a_probe_job_on_texts_stored_before_its_pooling_says_to_upload_again(tmp_path: Path) -> None:
+    import pytest
+
+    from layerbank.app.probes.jobs import _read_states
+    from layerbank.app.probes.requests import JobInputError
+    from layerbank.cache.keys import ExtractionConfig
+    from layerbank.cache.shard import ShardContents
+
+    store = FeatureStore(tmp_path / "d")
+    keys = [f"{i:064x}" for i in range(3)]
+    store.write("old-00000", ShardContents(keys[:2], np.full(2, 4), np.zeros(2, bool), {"mean": np.ones((2, 3, 4))}),
+                model="local:m", config=ExtractionConfig(max_length=8))
+    assert _read_states(store, keys[:2], "mean", "dataset").shape == (2, 3, 4)
+    with pytest.raises(JobInputError, match=r"^2 of the dataset's texts were stored before pooling 'max' was set; "
+                                            "upload the dataset again to compute it for them$"):
+        _read_states(store, keys[:2], "max", "dataset")
+    with pytest.raises(JobInputError, match="1 of the dataset's 3 texts are no longer stored"):
+        _read_states(store, keys, "mean", "dataset")
+    store.close()
