@@ -286,7 +286,7 @@ def test_run_regimes_from_the_page(page: Any, lab: dict[str, Any]) -> None:
     assert page.inner_text("#verdict").startswith(f"Best: {res['best']}.")
     shown = [x.get_attribute("data-regime") for x in page.query_selector_all("tr[data-regime]")]
     assert shown == sorted(res["regimes"], key=lambda n: -res["regimes"][n]["macro_f1_mean"])  # best first
-    _shot(page, lab, "regimes")
+    _shot(page, lab, "regimes", at="#verdict")
     lab["regimes"] = rid
 
 

@@ -102,6 +102,7 @@ export function lineChart(opts) {
         "data-std": p.std ?? "", "data-name": p.name ?? "", ...(p.attrs || {}) });
       mk.append(s("title", {}, `${sr.label}, ${p.name ?? p.x}: ${yf(p.y)}${p.std ? ` ± ${yf(p.std)}` : ""}`));
       g.append(mk);
+      if (p.label) g.append(s("text", { x: X(p.x) + 8, y: Y(p.y) - 6, class: "series-label", fill: color }, p.label));
     }
     svg.append(g);
   });

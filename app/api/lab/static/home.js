@@ -28,7 +28,7 @@ export async function homePage() {
   const mt = parseMetrics(metricsText);
   const hits = mt.layerbank_cache_hits_total || 0, misses = mt.layerbank_cache_misses_total || 0;
   const model = info.model || {};
-  const modes = model.precision_modes ? Object.entries(model.precision_modes).map(([k, v]) => `${k} → ${v}`).join(", ") : info.precision;
+  const modes = model.precision_modes ? Object.entries(model.precision_modes).map(([k, v]) => `${k} → ${v ?? "not on this device"}`).join(", ") : info.precision;
   const jobsBox = h("div", { id: "jobs" }, jobsTable(jobs.data));
   const regimes = jobs.data.filter((j) => j.kind === "regimes");
   const chosen = new Set();

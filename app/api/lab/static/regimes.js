@@ -9,13 +9,17 @@ function chart(result) {
   const names = Object.keys(curve[curve.length - 1].regimes);
   const sizes = curve.map((c) => c.train_size);
   const one = sizes.length === 1;
-  // one training size: regimes side by side; several: score against size, one line per regime
-  const series = names.map((n, i) => ({ id: n, label: n, connect: !one,
-    points: curve.filter((c) => c.regimes[n]).map((c) => ({ x: one ? i : c.train_size, y: c.regimes[n].macro_f1_mean,
-      std: c.regimes[n].macro_f1_std || 0, name: `${n}, ${c.train_size} examples`, attrs: { "data-regime": n } })) }));
+  // one training size: score against what a task stores (log scale), the trade-off to choose on;
+  // several sizes: score against training size, one line per regime
+  const last = curve[curve.length - 1].regimes;
+  const bx = (n) => Math.log10(Math.max(1, last[n].bytes_per_task));
+  const series = names.map((n) => ({ id: n, label: n, connect: !one,
+    points: curve.filter((c) => c.regimes[n]).map((c) => ({ x: one ? bx(n) : c.train_size, y: c.regimes[n].macro_f1_mean,
+      std: c.regimes[n].macro_f1_std || 0, name: `${n}, ${c.train_size} examples`, label: one ? n : null,
+      attrs: { "data-regime": n } })) }));
   const svg = lineChart({ title: "test macro-F1 (mean ± std over seeds)", yLabel: "test macro-F1",
-    xLabel: one ? `regime (${sizes[0]} training examples)` : "training examples", series,
-    xTicks: one ? names.map((n, i) => ({ x: i, label: n })) : sizes.map((x) => ({ x, label: String(x) })) });
+    xLabel: one ? `bytes stored per task, log scale (${sizes[0]} training examples)` : "training examples", series,
+    xTicks: one ? names.map((n) => ({ x: bx(n), label: fmt.bytes(last[n].bytes_per_task) })) : sizes.map((x) => ({ x, label: String(x) })) });
   return h("figure", { id: "regimes-chart" }, svg, legend(series),
     h("figcaption", {}, `Whiskers and bands: ± one standard deviation over ${result.settings.seeds.length ?? result.settings.seeds} seed(s).`));
 }

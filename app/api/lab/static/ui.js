@@ -57,7 +57,8 @@ export function errorBox(err) {
 export function showError(where, err) {
   const box = errorBox(err);
   where.querySelector(":scope > .error")?.remove();
-  where.prepend(box);
+  const title = where.querySelector(":scope > h1");
+  if (title) title.after(box); else where.prepend(box);
   return box;
 }
 
