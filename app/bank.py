@@ -245,7 +245,8 @@ class Bank:
 
             s = self.settings
             set_threads(s.threads)
-            encoder = Encoder.load(s.model, **s.extraction_options())  # type: ignore[arg-type]
+            encoder = Encoder.load(s.model, **s.extraction_options(),  # type: ignore[arg-type]
+                                   data_dir=s.data_dir)
             self._extractor = LocalExtractor.attach(self._open_store(), encoder, self._lock)
             self._model = ModelRef(encoder.name, encoder.fingerprint, encoder.config,
                                    {**encoder.info, "config": encoder.config.canonical()})

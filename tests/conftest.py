@@ -38,6 +38,11 @@ from typing import Any
 
 import pytest
 
+# Settings' engine "auto" exports the model to ONNX and times both engines at every fresh
+# data directory's first start; the engine tests ask for it, every other test runs torch
+# (in this process and the CLI processes it starts, which inherit the environment)
+os.environ.setdefault("LAYERBANK_ENGINE", "torch")
+
 TINY_LAYERS = 2
 TINY_HIDDEN = 32
 TINY_MAX_POSITIONS = 64

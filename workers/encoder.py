@@ -84,13 +84,17 @@ class Encoder:
     calls: int = 0  # forward passes run; tests use it to prove cache hits skip the model
     # what each encoded row stores (a setting, not part of the key: layerbank.cache.poolings)
     poolings: tuple[str, ...] = parse_poolings(DEFAULT_POOLINGS)
+    # what runs the forward pass: None = the torch model itself; else an object whose
+    # hidden_states(ids, mask) returns every hidden state (workers/engines/)
+    engine: Any = None
 
     # -- loading ----------------------------------------------------------
     @classmethod
     def load(cls, name_or_path: str | None = None, *, device: str = "auto", precision: str = "default",
              max_length: int | None = None, storage_dtype: str = "float16",
              truncation_side: str = "right", trust_remote_code: bool = False,
-             poolings: str | Sequence[str] = DEFAULT_POOLINGS) -> Encoder:
+             poolings: str | Sequence[str] = DEFAULT_POOLINGS, engine: str = "torch",
+             data_dir: str | os.PathLike[str] | None = None) -> Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         # a missing path or an unreachable hub fails here in one line, not after the hub's retries
@@ -133,8 +137,12 @@ class Encoder:
                 "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
                 "precision_modes": precision_table(dev), "storage_dtype": storage_dtype,
                 "poolings": list(parse_poolings(poolings))}
-        return cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info,
-                   poolings=parse_poolings(poolings))
+        enc = cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info,
+                  poolings=parse_poolings(poolings))
+        # engine and precision "auto" are measured here, once per machine (stored in data_dir)
+        from .engines.choice import apply_choices
+
+        return apply_choices(enc, engine=engine, precision=precision, data_dir=data_dir)
 
     def with_precision(self, precision: str) -> Encoder:
         """This encoder computing at another precision: same weights, same
@@ -143,11 +151,15 @@ class Encoder:
         ``self`` when the mode resolves to the current one. Raises
         ValueError for an unknown mode or fp16 off CUDA.
         """
-        resolved = resolve_precision(precision, self.device)
+        # "auto" resolves as measured at load (info's precision_modes), not by CPU flags
+        resolved = (self.info.get("precision_modes") or {}).get(precision) if precision == "auto" else None
+        resolved = resolved or resolve_precision(precision, self.device)
         if resolved == self.config.precision:
             return self
+        # another engine computes fp32 only (workers/engines/): other precisions run on torch
         return dataclasses.replace(self, config=dataclasses.replace(self.config, precision=resolved),
-                                   info={**self.info, "precision": resolved}, calls=0)
+                                   info={**self.info, "precision": resolved, "engine": "torch"}, calls=0,
+                                   engine=None)
 
     # -- tokenizing -------------------------------------------------------
     def tokenize(self, texts: Sequence[str], want_offsets: bool = False) -> Tokenized:
@@ -208,15 +220,15 @@ class Encoder:
         ids_dev = self._to_device(torch.from_numpy(ids))
         mask_dev = self._to_device(torch.from_numpy(real.astype(np.int64)))
         with self._autocast():
-            out = self.model(input_ids=ids_dev, attention_mask=mask_dev, output_hidden_states=True)
+            hidden = self._hidden_states(ids_dev, mask_dev)
         self.calls += 1
-        pooled = self._to_host(pool_hidden_states(out.hidden_states, mask_dev,
+        pooled = self._to_host(pool_hidden_states(hidden, mask_dev,
                                                   padded=bool(lengths.min() < t), names=self.poolings))
         tokens = None
         if want_tokens:
             if batch.offsets is None or batch.word_ids is None:
                 raise ValueError("token-level states need a batch tokenized with want_offsets=True")
-            host = self._to_host(torch.stack(out.hidden_states, dim=2).float())  # [n, t, H, d]
+            host = self._to_host(torch.stack(hidden, dim=2).float())  # [n, t, H, d]
             tokens = [TokenRows(host[i, : len(batch.input_ids[i])],
                                 np.asarray(batch.input_ids[i], dtype=np.int32),
                                 np.asarray(batch.offsets[i], dtype=np.int32).reshape(-1, 2),
@@ -224,6 +236,11 @@ class Encoder:
                       for i in range(n)]
         return Encoded({name: pooled[j] for j, name in enumerate(self.poolings)},
                        lengths.astype(np.int32), np.asarray(batch.truncated, dtype=bool), tokens)
+
+    def _hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.engine is not None:
+            return self.engine.hidden_states(ids, mask)  # type: ignore[no-any-return]
+        return self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states  # type: ignore[no-any-return]
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":

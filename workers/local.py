@@ -36,12 +36,13 @@ class LocalExtractor:
     def open(cls, data_dir: Any, *, model: str | None = None, device: str = "auto",
              precision: str = "default", max_length: int | None = None,
              storage_dtype: str = "float16", threads: int | None = None,
-             poolings: str = DEFAULT_POOLINGS) -> "LocalExtractor":
+             poolings: str = DEFAULT_POOLINGS, engine: str = "auto") -> "LocalExtractor":
         lock = hold_data_dir(data_dir)
         try:
             set_threads(threads)
             encoder = Encoder.load(model, device=device, precision=precision, max_length=max_length,
-                                   storage_dtype=storage_dtype, poolings=poolings)
+                                   storage_dtype=storage_dtype, poolings=poolings, engine=engine,
+                                   data_dir=data_dir)
             return cls.attach(FeatureStore(data_dir, clean=True), encoder, lock)
         except BaseException:
             lock.release()

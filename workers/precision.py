@@ -7,10 +7,12 @@
   fp32 (docs/precision.md). bfloat16 keeps ~3 significant digits, so stored
   vectors differ from fp32 ones by about 1% (measured figures in the doc).
 - ``fp16``: float16 autocast, CUDA only.
-- ``auto``: bf16 on CUDA (fp16 on GPUs without bfloat16) and on CPUs with
-  AMX (``amx_bf16``), fp32 otherwise. Not on AVX-512 BF16 alone: there the
-  bfloat16 matrix product measured 0.55-0.63x the float32 one and extraction
-  0.37-0.78x (docs/precision.md), so ``auto`` would make such CPUs slower.
+- ``auto``: bf16 on CUDA (fp16 on GPUs without bfloat16). On a CPU, what a
+  short calibration measured on the machine at hand (workers/engines/choice.py:
+  fp32 against bf16 on the model's own shapes, stored in the data directory),
+  never the CPU's flags: on AVX-512 BF16 without AMX extraction measured
+  0.37-0.78x fp32 on one VM and 2.2-3.5x on another (docs/precision.md).
+  Until measured (no model at hand), fp32.
 - ``default``: fp32 on CPU, auto on CUDA.
 
 Pooling and the copy to the host run in float32 whatever the mode
@@ -20,11 +22,9 @@ cache key: bf16 features never answer a request for fp32 ones.
 
 Example::
 
-    >>> resolve_precision("auto", "cpu", cpu_flags={"avx2", "fma"})
+    >>> resolve_precision("auto", "cpu")                     # not measured yet: the plain numbers
     'fp32'
-    >>> resolve_precision("auto", "cpu", cpu_flags={"avx512f", "avx512_bf16"})  # no AMX: no gain
-    'fp32'
-    >>> resolve_precision("auto", "cpu", cpu_flags={"avx512_bf16", "amx_tile", "amx_bf16"})
+    >>> resolve_precision("auto", "cpu", measured="bf16")    # what the calibration found faster
     'bf16'
     >>> precision_table("cpu", cpu_flags=set())["fp16"] is None   # fp16 needs CUDA
     True
@@ -70,11 +70,13 @@ def cpu_has_fast_bf16(flags: set[str] | None = None) -> bool:
 
 
 def resolve_precision(precision: str, device: torch.device | str,
-                      cpu_flags: set[str] | None = None) -> str:
+                      cpu_flags: set[str] | None = None, measured: str | None = None) -> str:
     """Turn a requested mode into one of fp32, bf16, fp16 for this device.
 
-    ``cpu_flags`` stands in for /proc/cpuinfo's flags (tests simulate CPUs
-    with it). Raises ValueError for an unknown mode and for fp16 off CUDA.
+    ``measured``: what the calibration chose for ``auto`` on this CPU (None:
+    not measured, fp32). ``cpu_flags`` is accepted for callers that pass it
+    and no longer decides anything. Raises ValueError for an unknown mode
+    and for fp16 off CUDA.
     """
     dev = torch.device(device)
     if precision not in PRECISION_CHOICES:
@@ -84,7 +86,7 @@ def resolve_precision(precision: str, device: torch.device | str,
     if precision == "auto":
         if dev.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if cpu_has_fast_bf16(cpu_flags) else "fp32"
+        return measured if measured in ("fp32", "bf16") else "fp32"
     if precision == "fp16" and dev.type != "cuda":
         raise ValueError("precision fp16 needs a CUDA device; on CPU use bf16 or fp32")
     return precision

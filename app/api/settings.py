@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     model: str | None = Field(None, description="model name or path; empty = embedded all-MiniLM-L6-v2")
     device: str = "auto"
     precision: PrecisionChoice = "default"
+    # what runs the forward pass on a CPU at fp32: torch, ONNX Runtime, or the faster of the two as
+    # measured at first start (workers/engines/); not part of the key: rows agree within 1e-4
+    engine: Literal["auto", "torch", "onnx"] = "auto"
     max_length: int | None = Field(None, ge=2)
     storage_dtype: Literal["float16", "float32"] = "float16"
     # not part of the key: a text stored without a pooling set later is encoded again for it
@@ -98,7 +101,7 @@ class Settings(BaseSettings):
     def extraction_options(self) -> dict[str, object]:
         """What the encoder needs to reproduce the same keys (and the poolings it stores)."""
         return {"device": self.device, "precision": self.precision, "max_length": self.max_length,
-                "storage_dtype": self.storage_dtype, "poolings": self.poolings}
+                "storage_dtype": self.storage_dtype, "poolings": self.poolings, "engine": self.engine}
 
 
 @lru_cache

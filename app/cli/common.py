@@ -44,7 +44,11 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
                    "[env LAYERBANK_MODEL]")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto [env LAYERBANK_DEVICE]")
     p.add_argument("--precision", choices=PRECISION_CHOICES,
-                   help="compute precision [env LAYERBANK_PRECISION]")
+                   help="compute precision; auto: fp32 or bf16, whichever measured faster here "
+                   "(stored in the data directory) [env LAYERBANK_PRECISION]")
+    p.add_argument("--engine", choices=["auto", "torch", "onnx"],
+                   help="what runs the model on a CPU at fp32: torch, ONNX Runtime, or auto (the faster, "
+                   "timed once per machine; same numbers within 1e-4) [env LAYERBANK_ENGINE]")
     p.add_argument("--max-length", type=int, help="truncate texts at this many tokens "
                    "[env LAYERBANK_MAX_LENGTH]")
     p.add_argument("--storage-dtype", choices=["float16", "float32"],

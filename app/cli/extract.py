@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     with ex:
         from layerbank.app.cli.cost import announce
+        from layerbank.workers.engines.choice import choices_line
+
+        print(f"layerbank: {choices_line(ex.encoder.info)}", file=sys.stderr)  # what auto measured
 
         announce(ex, table.texts, want_tokens=args.tokens)  # a large run says what it will cost first
         try:

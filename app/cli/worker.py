@@ -66,10 +66,15 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(settings.threads)
     try:
-        encoder = Encoder.load(settings.model, **settings.extraction_options())  # type: ignore[arg-type]
+        encoder = Encoder.load(settings.model, **settings.extraction_options(),  # type: ignore[arg-type]
+                               data_dir=settings.data_dir)
     except (ModelLoadError, ValueError) as e:
         print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
         return FATAL_EXIT
+    from layerbank.workers.engines.choice import choices_line
+
+    # what auto chose and the measured ratio behind it (also in /info)
+    print(f"layerbank worker: {choices_line(encoder.info)}", file=sys.stderr, flush=True)
     store = FeatureStore(settings.data_dir)
     store.catalog.register_model(encoder.fingerprint, encoder.name,
                                  {**encoder.info, "config": encoder.config.canonical()})

@@ -78,6 +78,9 @@ class ServerProcess:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
         env["LAYERBANK_THREADS"] = "1"  # the test machine's cores are shared
+        # engine auto exports the model to ONNX and times both engines at a fresh data dir's
+        # first start (seconds each); tests/integration/test_engines.py covers it, others use torch
+        env["LAYERBANK_ENGINE"] = "torch"
         for k, v in self.settings.items():
             env["LAYERBANK_" + k.upper()] = str(v)
         if self.api_key:

@@ -27,15 +27,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..measured import Measured, cpu_model, measured_choice, time_alternating
 
-if TYPE_CHECKING:
-    from ..encoder import Encoder, Tokenized
+# the encoder imports this module to apply the choices at load, so it is typed
+# here as Any rather than imported (no import cycle)
+Encoder = Any
 
 __all__ = ["BF16_MARGIN", "BF16_MAX_REL_L2", "ENGINE_MARGIN", "apply_choices", "choose_engine",
            "choose_precision", "pick_engine", "pick_precision"]
@@ -58,23 +59,26 @@ def pick_precision(figures: dict[str, float]) -> tuple[str, float]:
     return ("bf16" if ratio >= BF16_MARGIN and keeps_accuracy else "fp32"), ratio
 
 
-def sample_batches(enc: Encoder, seed: int = 0) -> list[Tokenized]:
-    """Two batches of about 512 tokens each, at a short and a long length the model takes."""
-    from ..encoder import Tokenized
+def sample_batches(enc: Encoder, seed: int = 0) -> list[Any]:
+    """Two tokenized batches of about 512 tokens each, at a short and a long length the model takes.
 
+    Texts are decoded from random vocabulary ids and tokenized as any text
+    is, so special tokens and lengths are the model's own.
+    """
     rng = np.random.default_rng(seed)
     vocab = int(getattr(enc.model.config, "vocab_size", 1000))
     max_len = int(enc.config.max_length or 512)
     batches = []
     for length in (min(32, max_len), min(128, max_len)):
         n = max(2, 512 // length)
-        ids = [list(rng.integers(1000 if vocab > 2000 else 1, vocab, size=length)) for _ in range(n)]
-        ids[-1] = ids[-1][: max(2, length * 3 // 4)]  # one padded row, as sorted batches have
-        batches.append(Tokenized([[int(i) for i in row] for row in ids], [False] * n))
+        sizes = [max(2, length - 2)] * (n - 1) + [max(2, (length - 2) * 3 // 4)]  # one padded row
+        texts = [enc.tokenizer.decode(rng.integers(1000 if vocab > 2000 else 1, vocab, size=k).tolist())
+                 for k in sizes]
+        batches.append(enc.tokenize(texts))
     return batches
 
 
-def _encode_all(enc: Encoder, batches: list[Tokenized]) -> Callable[[], list[np.ndarray]]:
+def _encode_all(enc: Encoder, batches: list[Any]) -> Callable[[], list[np.ndarray]]:
     return lambda: [enc.encode(b).pooled[enc.poolings[0]] for b in batches]
 
 

@@ -34,12 +34,13 @@ def test_auto_is_fp32_on_a_cpu_without_bf16_instructions() -> None:
     assert resolve_precision("auto", "cpu", cpu_flags=set()) == "fp32"
 
 
-def test_auto_is_bf16_on_a_cpu_with_amx() -> None:
-    # the flags of a Sapphire Rapids core with AMX exposed
+def test_auto_on_a_cpu_follows_the_measurement_not_the_flags() -> None:
+    # AMX flags alone no longer make auto bf16: the calibration decides
+    # (workers/engines/choice.py; tests/unit/workers/test_precision_calibration.py)
     spr = PLAIN_CPU | {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
-    assert resolve_precision("auto", "cpu", cpu_flags=spr) == "bf16"
-    assert precision_table("cpu", cpu_flags=spr) == {
-        "default": "fp32", "auto": "bf16", "fp32": "fp32", "bf16": "bf16", "fp16": None}
+    assert resolve_precision("auto", "cpu", cpu_flags=spr) == "fp32"
+    assert resolve_precision("auto", "cpu", cpu_flags=PLAIN_CPU, measured="bf16") == "bf16"
+    assert resolve_precision("auto", "cpu", cpu_flags=spr, measured="fp32") == "fp32"
 
 
 def test_auto_stays_fp32_on_avx512_bf16_without_amx() -> None:
