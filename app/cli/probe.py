@@ -293,7 +293,7 @@ def _num(v: float | None) -> str:
 def _run_token(args: argparse.Namespace) -> int:
     from layerbank.app.probes.requests import JobInputError, split_sentences
     from layerbank.app.probes.token_probe import run_token_probe
-    from layerbank.app.probes.word_features import sentence_texts, word_states
+    from layerbank.app.probes.word_features import sentence_texts
     from layerbank.app.probes.wordsets import WordSetError, read_wordset
 
     if (args.train is None) == (args.file is None):
@@ -310,19 +310,10 @@ def _run_token(args: argparse.Namespace) -> int:
         fail(str(e))
         raise
     settings = settings_from(args)
-    with _open(settings) as ex:
-        from layerbank.app.cli.cost import announce, memory_line
-
-        announce(ex, texts, want_tokens=True)  # a large set: texts, tokens, bytes on disk, time
-        ex.extract(texts, job_id="cli-" + uuid.uuid4().hex[:10], want_tokens=True,
-                   progress_bar=not args.no_progress, max_tokens=settings.max_tokens_per_batch,
-                   part_size=settings.part_size)
-        fp, config = ex.encoder.fingerprint, ex.encoder.config
-        if line := memory_line(ex.encoder.info, sum(len(s.words) for s in train + valid)):
-            print(line, file=sys.stderr, flush=True)
-        train_states = word_states(ex.store, fp, config, train, mode=args.word_mode)
-        valid_states = word_states(ex.store, fp, config, valid, mode=args.word_mode)
-        model = _model(ex)
+    if (stored := _stored_word_states(settings, texts, train, valid, args.word_mode)) is not None:
+        train_states, valid_states, model = stored  # every sentence stored: no torch, no weights
+    else:
+        train_states, valid_states, model = _encoded_word_states(args, settings, texts, train, valid)
     from layerbank.app.probes.spans import is_bio_tag
 
     bio = all(is_bio_tag(t) for s in train + valid for t in s.tags)
@@ -353,6 +344,44 @@ def _run_token(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _encoded_word_states(args: argparse.Namespace, settings: Any, texts: list[str], train: list[Any],
+                         valid: list[Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """Word states after extracting what the store lacks (the encoder loads)."""
+    from layerbank.app.probes.word_features import word_states
+
+    with _open(settings) as ex:
+        from layerbank.app.cli.cost import announce, memory_line
+
+        announce(ex, texts, want_tokens=True)  # a large set: texts, tokens, bytes on disk, time
+        ex.extract(texts, job_id="cli-" + uuid.uuid4().hex[:10], want_tokens=True,
+                   progress_bar=not args.no_progress, max_tokens=settings.max_tokens_per_batch,
+                   part_size=settings.part_size)
+        fp, config = ex.encoder.fingerprint, ex.encoder.config
+        if line := memory_line(ex.encoder.info, sum(len(s.words) for s in train + valid)):
+            print(line, file=sys.stderr, flush=True)
+        train_states = word_states(ex.store, fp, config, train, mode=args.word_mode)
+        valid_states = word_states(ex.store, fp, config, valid, mode=args.word_mode)
+        return train_states, valid_states, _model(ex)
+
+
+def _stored_word_states(settings: Any, texts: list[str], train: list[Any], valid: list[Any],
+                        word_mode: str) -> tuple[Any, Any, dict[str, Any]] | None:
+    """Word states read from the store when every sentence's token states are there, else None."""
+    from layerbank.app.cli.cost import memory_line
+    from layerbank.app.probes.requests import model_summary
+    from layerbank.app.probes.word_features import word_states
+
+    with StoreFirst.open(settings, locate(settings)) as sf:
+        if sf.model is None or sf.all_stored(texts, want_tokens=True) is None:
+            return None
+        fp, config = sf.model.fingerprint, sf.model.config
+        if line := memory_line(sf.model.info, sum(len(s.words) for s in train + valid)):
+            print(line, file=sys.stderr, flush=True)
+        return (word_states(sf.store, fp, config, train, mode=word_mode),
+                word_states(sf.store, fp, config, valid, mode=word_mode),
+                model_summary(sf.model.info, fp))
 
 
 def _token_table(r: dict[str, Any]) -> str:

@@ -82,6 +82,30 @@ def test_a_probe_on_stored_texts_never_imports_torch(stored: Path) -> None:
     assert "sklearn" in r.imported and not {"torch", "transformers"} & r.imported
 
 
+def _conll_head(name: str, n: int, out: Path) -> Path:
+    """The first ``n`` sentences of a CoNLL-2003 split (shared data, as the other NER tests)."""
+    blocks = (ROOT.parent / "shared" / "data" / "conll2003" / f"{name}.txt").read_text(
+        encoding="utf-8").split("\n\n")
+    out.write_text("\n\n".join(blocks[:n]) + "\n", encoding="utf-8")
+    return out
+
+
+def test_a_token_probe_rerun_reads_word_states_without_torch(tmp_path: Path) -> None:
+    train = _conll_head("train", 60, tmp_path / "train.txt")
+    valid = _conll_head("valid", 30, tmp_path / "valid.txt")
+    args = ("probe", "--task", "token", "--train", str(train), "--valid", str(valid), "--views",
+            "layer:-1,layer:0", "--no-control-task", "--no-mdl", "--no-progress")
+    first = layerbank(*args, cwd=tmp_path, data_dir=tmp_path / "data")
+    again = layerbank(*args, cwd=tmp_path, data_dir=tmp_path / "data")
+    assert first.code == again.code == 0, (first.stderr, again.stderr)
+    assert "torch" in first.imported and not {"torch", "transformers"} & again.imported
+
+    def scores(stdout: str) -> list[list[str]]:  # every column but the fit's seconds
+        rows = [line.split() for line in stdout.splitlines() if line.startswith("layer:")]
+        return [row[:8] + row[9:] for row in rows]
+    assert len(scores(first.stdout)) == 2 and scores(again.stdout) == scores(first.stdout)
+
+
 def test_features_writes_the_format_its_suffix_names(stored: Path, tmp_path: Path) -> None:
     for name in ("X.npy", "X.parquet", "X.h5"):
         r = layerbank("features", str(SAMPLE), "--text-column", "sentence", "--out",
