@@ -17,6 +17,7 @@ Texts: SST-2 *test* split (/work/shared/data/sst2/test.tsv), a seeded sample of
 from __future__ import annotations
 
 import csv
+import io
 import random
 import re
 from collections import Counter
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
 
 from tests.integration.conftest import DATA, ServerProcess
@@ -37,7 +39,8 @@ T = 240_000  # ms: the longest wait for a job (a loaded 2-core machine)
 
 def _sample(n: int) -> list[tuple[str, str]]:
     with open(DATA / "sst2" / "test.tsv", encoding="utf-8", newline="") as fh:
-        rows = [(r["sentence"], r["label"]) for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)]
+        reader = csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+        rows = [(r["sentence"], r["label"]) for r in reader]
     return random.Random(15).sample(rows, n)
 
 
@@ -52,13 +55,13 @@ class Watch:
         self.allowed_console: list[re.Pattern[str]] = []
 
     def attach(self, page: Any) -> None:
-        page.on("console", lambda m: m.type == "error" and self._console(m.text))
+        page.on("console", self._console)
         page.on("pageerror", lambda e: self.errors.append(str(e)))
         page.on("request", self._request)
 
-    def _console(self, text: str) -> None:
-        if not any(p.search(text) for p in self.allowed_console):
-            self.console.append(text)
+    def _console(self, msg: Any) -> None:
+        if msg.type == "error" and not any(p.search(msg.text) for p in self.allowed_console):
+            self.console.append(msg.text)
 
     def _request(self, req: Any) -> None:
         u = urlsplit(req.url)
@@ -99,7 +102,6 @@ def page(browser: Any, lab: dict[str, Any]) -> Iterator[Any]:
     pg.set_default_timeout(30_000)
     watch = Watch(s.url.rstrip("/"))
     watch.attach(pg)
-    pg.watch = watch
     yield pg
     ctx.close()
     watch.check()
@@ -129,7 +131,8 @@ def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: 
     # drag-and-drop: a file dropped on the zone is previewed like a picked one
     page.evaluate("""() => { const dt = new DataTransfer();
         dt.items.add(new File(["text,y\\nfirst row,a\\nsecond row,b\\n"], "dropped.csv"));
-        document.getElementById("drop").dispatchEvent(new DragEvent("drop", {dataTransfer: dt, bubbles: true})); }""")
+        const drop = new DragEvent("drop", {dataTransfer: dt, bubbles: true});
+        document.getElementById("drop").dispatchEvent(drop); }""")
     assert page.inner_text("#preview-table caption").startswith("dropped.csv: first 2 rows (csv")
     assert page.input_value("#text-column") == "text" and page.input_value("#label-column") == "y"
     # the file picker: the preview shows the first rows and guesses the columns
@@ -164,9 +167,8 @@ def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: 
     # a download carries the same matrix as the API
     with page.expect_download() as dl:
         page.click("#download-npy")
-    import numpy as np
     got = np.load(dl.value.path())
-    want = np.load(__import__("io").BytesIO(lab["server"].get(f"/v1/datasets/{ds_id}/features").content))
+    want = np.load(io.BytesIO(lab["server"].get(f"/v1/datasets/{ds_id}/features").content))
     assert got.shape == (N_TEXTS, 384) and np.array_equal(got, want)
     lab["dataset"] = ds_id
 
@@ -192,7 +194,8 @@ def test_run_a_probe_from_the_page_and_its_chart_equals_the_json(page: Any, lab:
     for pooling in ("mean", "cls"):
         pts = page.query_selector_all(f"#probe-chart g.series[data-series={pooling}] .point[data-layer]")
         assert len(pts) == 7, pooling
-        want = {r["layer"]: r for r in result["results"] if r["pooling"] == pooling and r["layer"] is not None}
+        want = {r["layer"]: r for r in result["results"]
+                if r["pooling"] == pooling and r["layer"] is not None}
         for pt in pts:
             r = want[int(pt.get_attribute("data-layer"))]
             assert float(pt.get_attribute("data-value")) == r["accuracy"]["mean"]
@@ -288,6 +291,24 @@ def test_run_regimes_from_the_page(page: Any, lab: dict[str, Any]) -> None:
     assert shown == sorted(res["regimes"], key=lambda n: -res["regimes"][n]["macro_f1_mean"])  # best first
     _shot(page, lab, "regimes", at="#verdict")
     lab["regimes"] = rid
+    # with training sizes: score against size, one line per regime, spread over two seeds
+    _open(page, lab, f"/lab/datasets/{lab['dataset']}")
+    for name in ("bitfit", "lora", "top_k", "gradual", "full"):
+        page.uncheck(f"#regimes-form input[value={name}]")
+    page.fill("#regimes-seeds", "2")
+    page.fill("#regimes-sizes", "40, 140")
+    page.click("#run-regimes")
+    page.wait_for_url(re.compile(r"/lab/regimes/[0-9a-f]+$"))
+    curve_id = page.url.rsplit("/", 1)[1]
+    page.wait_for_selector("main[data-ready=true]", timeout=T)
+    r = s.get(f"/v1/regimes/{curve_id}").json()
+    assert r["state"] == "succeeded", r["error"]
+    curve = r["result"]["learning_curve"]
+    pts = page.query_selector_all("#regimes-chart g.series[data-series=frozen] .point")
+    assert [float(x.get_attribute("data-x")) for x in pts] == [c["train_size"] for c in curve] == [40, 140]
+    assert [float(x.get_attribute("data-value")) for x in pts] == [c["regimes"]["frozen"]["macro_f1_mean"]
+                                                                   for c in curve]
+    assert float(pts[0].get_attribute("data-std")) == curve[0]["regimes"]["frozen"]["macro_f1_std"]
 
 
 def test_compare_two_probes_on_one_chart(page: Any, lab: dict[str, Any]) -> None:
@@ -300,7 +321,8 @@ def test_compare_two_probes_on_one_chart(page: Any, lab: dict[str, Any]) -> None
     assert job["state"] == "succeeded", job["error"]
     second = s.get(f"/v1/probes/{other['id']}").json()["result"]
     _open(page, lab, f"/lab/probes/{other['id']}")
-    weights = [float(b.get_attribute("data-value")) for b in page.query_selector_all(".mix[data-pooling=mean] .bar")]
+    bars = page.query_selector_all(".mix[data-pooling=mean] .bar")
+    weights = [float(b.get_attribute("data-value")) for b in bars]
     assert weights == second["scalar_mix"]["mean"]["layer_weights"] and len(weights) == 7
     _shot(page, lab, "scalar-mix", at=".mix")
     _open(page, lab, f"/lab/compare?probes={lab['probe']},{other['id']}")
@@ -315,14 +337,16 @@ def test_compare_two_probes_on_one_chart(page: Any, lab: dict[str, Any]) -> None
     _shot(page, lab, "compare")
 
 
-def test_home_lists_everything_and_the_pages_fit_a_phone(page: Any, lab: dict[str, Any], browser: Any) -> None:
+def test_home_lists_everything_and_the_pages_fit_a_phone(page: Any, lab: dict[str, Any],
+                                                         browser: Any) -> None:
     s: ServerProcess = lab["server"]
     _open(page, lab, "/", ready=False)
     page.wait_for_selector(f"a[href='/lab/probes/{lab['probe']}']")
     info = s.get("/info").json()
     main = page.inner_text("main")
     assert info["model"]["name"] in main and "API documentation" in main
-    for href in (f"/lab/datasets/{lab['dataset']}", f"/lab/heads/{lab['head']}", f"/lab/regimes/{lab['regimes']}",
+    for href in (f"/lab/datasets/{lab['dataset']}", f"/lab/heads/{lab['head']}",
+                 f"/lab/regimes/{lab['regimes']}",
                  "/docs"):
         assert page.query_selector(f"a[href='{href}']"), href
     texts = int(s.metric("layerbank_store_keys"))
@@ -350,7 +374,8 @@ def test_with_an_api_key_the_page_asks_for_it_once_and_shows_nothing_without_it(
     pg = ctx.new_page()
     watch = Watch(s.url.rstrip("/"))
     # the refused calls themselves are logged by Chromium; nothing else may be
-    watch.allowed_console.append(re.compile(r"^Failed to load resource: the server responded with a status of 401"))
+    watch.allowed_console.append(
+        re.compile(r"^Failed to load resource: the server responded with a status of 401"))
     watch.attach(pg)
     seen: list[tuple[str, int]] = []
     pg.on("response", lambda r: seen.append((urlsplit(r.url).path, r.status)))

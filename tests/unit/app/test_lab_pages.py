@@ -11,23 +11,24 @@ from __future__ import annotations
 import re
 import time
 from importlib import resources
+from typing import Any
 
 import pytest
 
 from layerbank.app.api.routes.dataset_stats import token_histogram
 
 
-def _wait(c, job_id: str, timeout: float = 30) -> dict:  # type: ignore[no-untyped-def]
+def _wait(c: Any, job_id: str, timeout: float = 30) -> Any:
     deadline = time.monotonic() + timeout
     while (job := c.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed", "cancelled"):
         assert time.monotonic() < deadline, job
         time.sleep(0.01)
-    return job  # type: ignore[no-any-return]
+    return job
 
 
 @pytest.mark.parametrize("path", ["/", "/lab", "/lab/datasets/new", "/lab/datasets/ds_0", "/lab/probes/x",
                                   "/lab/heads/hd_1", "/lab/regimes/r", "/lab/compare"])
-def test_every_lab_page_gets_the_shell_with_a_same_origin_policy(tiny_api, path: str) -> None:  # type: ignore[no-untyped-def]
+def test_every_lab_page_gets_the_shell_with_a_same_origin_policy(tiny_api: Any, path: str) -> None:
     r = tiny_api.client.get(path)
     assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
     assert '<script type="module" src="/lab/static/lab.js">' in r.text
@@ -36,7 +37,7 @@ def test_every_lab_page_gets_the_shell_with_a_same_origin_policy(tiny_api, path:
     assert r.headers["x-frame-options"] == "DENY"
 
 
-def test_unknown_lab_paths_and_other_methods_fall_through_to_the_api_errors(tiny_api) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_lab_paths_and_other_methods_fall_through_to_the_api_errors(tiny_api: Any) -> None:
     c = tiny_api.client
     for path in ("/lab/static/nope.js", "/lab/secrets", "/lab/probes/a/b/c", "/lab/static/../main.py"):
         r = c.get(path)
@@ -45,7 +46,7 @@ def test_unknown_lab_paths_and_other_methods_fall_through_to_the_api_errors(tiny
     assert r.status_code in (404, 405) and set(r.json()) >= {"error", "type"}
 
 
-def test_static_files_carry_their_types_and_name_no_other_host(tiny_api) -> None:  # type: ignore[no-untyped-def]
+def test_static_files_carry_their_types_and_name_no_other_host(tiny_api: Any) -> None:
     c = tiny_api.client
     assert c.get("/lab/static/lab.js").headers["content-type"] == "text/javascript; charset=utf-8"
     assert c.get("/lab/static/lab.css").headers["content-type"] == "text/css; charset=utf-8"
@@ -58,7 +59,7 @@ def test_static_files_carry_their_types_and_name_no_other_host(tiny_api) -> None
         assert not urls, (f.name, urls)
 
 
-def test_with_a_key_the_page_loads_but_its_data_needs_the_key(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
+def test_with_a_key_the_page_loads_but_its_data_needs_the_key(tiny_api_factory: Any) -> None:
     api = tiny_api_factory(worker=False, api_key="s3cret")  # no worker: /ready would need the key
     c = api.client
     assert c.get("/").status_code == 200 and c.get("/lab/static/api.js").status_code == 200
@@ -67,7 +68,7 @@ def test_with_a_key_the_page_loads_but_its_data_needs_the_key(tiny_api_factory) 
     assert c.get("/v1/datasets", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
-def test_dataset_stats_counts_labels_and_token_lengths(tiny_api) -> None:  # type: ignore[no-untyped-def]
+def test_dataset_stats_counts_labels_and_token_lengths(tiny_api: Any) -> None:
     c = tiny_api.client
     texts = ["short one", "a somewhat longer text with more words in it", "three words here", "x"]
     ds = c.post("/v1/datasets", json={"name": "four", "texts": texts, "labels": ["b", "a", "b", "b"]}).json()

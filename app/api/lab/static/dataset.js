@@ -169,14 +169,20 @@ function regimesForm(ds) {
       h("input", { type: "checkbox", name: "regimes", value: n, checked: true }), ` ${n}`))),
     h("div", { class: "fields" },
       h("label", { for: "regimes-seeds" }, "Seeds"), h("input", { id: "regimes-seeds", name: "seeds", type: "number", min: 1, max: 20, value: 3 }),
-      h("label", { for: "regimes-epochs" }, "Max epochs"), h("input", { id: "regimes-epochs", name: "max_epochs", type: "number", min: 1, max: 100, value: 10 })),
+      h("label", { for: "regimes-epochs" }, "Max epochs"), h("input", { id: "regimes-epochs", name: "max_epochs", type: "number", min: 1, max: 100, value: 10 }),
+      h("label", { for: "regimes-sizes" }, "Training sizes"),
+      h("input", { id: "regimes-sizes", name: "train_sizes", placeholder: "e.g. 50, 100 (empty: the whole train split)",
+        inputmode: "numeric", pattern: "[0-9 ,]*" })),
     h("button", { type: "submit", id: "run-regimes" }, "Run regimes"));
   form.onsubmit = async (e) => {
     e.preventDefault();
     const f = new FormData(form);
     try {
-      const r = await api("/v1/regimes", { method: "POST", json: { dataset: ds.id, regimes: f.getAll("regimes"),
-        seeds: Number(f.get("seeds")), max_epochs: Number(f.get("max_epochs")) } });
+      const body = { dataset: ds.id, regimes: f.getAll("regimes"), seeds: Number(f.get("seeds")),
+        max_epochs: Number(f.get("max_epochs")) };
+      const sizes = String(f.get("train_sizes") || "").split(/[ ,]+/).filter(Boolean).map(Number);
+      if (sizes.length) body.train_sizes = sizes;  // a learning curve: the page draws score against size
+      const r = await api("/v1/regimes", { method: "POST", json: body });
       location.assign(`/lab/regimes/${encodeURIComponent(r.id)}`);
     } catch (err) { showError(form, err); }
   };
