@@ -307,8 +307,10 @@ def test_error_statuses_and_messages(layerbank_server: ServerProcess, method: st
 def test_the_openai_route_answers_errors_in_openai_shape(layerbank_server: ServerProcess) -> None:
     r = layerbank_server.post("/v1/embeddings", json={"input": [], "model": "x"})
     assert r.status_code == 422
-    assert r.json()["error"]["code"] == "validation" and r.json()["error"]["param"] == "input"
-    assert r.json()["error"]["message"].startswith("input")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "validation" and err["param"].startswith("input")  # "input.str": the union's arm
+    assert err["message"].startswith("input") and err["type"] == "invalid_request_error"
 
 
 def test_a_second_server_on_the_same_directory_is_refused(layerbank_server: ServerProcess) -> None:

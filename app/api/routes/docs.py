@@ -21,9 +21,7 @@ from fastapi.tiangolo.com: offline, a blank page. Here:
 
 The app is built with ``docs_url=None, redoc_url=None`` and includes this
 router instead. Only the named files are served (no directory listing, no path joins from
-the request). ``/`` leads to ``/docs`` until the lab answers ``/`` itself:
-the lab's middleware (app/api/lab/pages.py) sits in front of every route,
-so once installed it shadows the redirect below without any edit here.
+the request). ``/`` is the lab's home (app/api/lab/pages.py), which links here.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
 from layerbank.app.api.errors import NotFound
 
@@ -78,11 +76,6 @@ async def swagger_asset(name: str) -> Response:
 @router.get("/redoc/assets/{name}")
 async def redoc_asset(name: str) -> Response:
     return _asset("redoc", name, _REDOC_FILES)
-
-
-@router.get("/", response_class=RedirectResponse)
-async def home() -> RedirectResponse:
-    return RedirectResponse("/docs", status_code=307)
 
 
 @router.get("/docs")
