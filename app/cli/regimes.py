@@ -42,7 +42,10 @@ def register(sub: Any) -> None:
     add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row")
     add_common_flags(p)
     add_flag(p, "--regimes", default=_ALL, help="comma-separated regimes to compare")
-    add_flag(p, "--seeds", type=int, default=3, help="seeds per regime (the std is over these)")
+    add_flag(p, "--seeds", type=int, help="seeds per regime (the std is over these); default: the seed "
+             "rule, ceil(1500 / training texts) within [2, 10] (docs/regimes.md)")
+    add_flag(p, "--eval", dest="eval_sets", help="extra evaluation sets, NAME=FILE[,NAME=FILE...] (same "
+             "columns and format as FILE; e.g. a shifted domain): every regime is scored on each too")
     add_flag(p, "--top-k", type=int, help="bottom layers the top_k regime freezes (default: half)")
     add_flag(p, "--train-sizes", help="comma-separated training-set sizes (default: the whole train split)")
     add_flag(p, "--max-epochs", type=int, default=10, help="epoch budget of each fine-tune")
@@ -61,6 +64,13 @@ def verdict(result: dict[str, Any]) -> str:
 
     rows = result["regimes"]
     best, cheap = result["best"], result["cheapest_within_one_std"]
+    close = result.get("too_close_to_call") or []
+    if close and len(result.get("settings", {}).get("seeds", [])) > 1:
+        return (f"verdict: the spread is too wide to separate {best} (macro-F1 "
+                f"{rows[best]['macro_f1_mean']:.3f} ± {rows[best]['macro_f1_std']:.3f}) from "
+                + ", ".join(f"{r} ({rows[r]['macro_f1_mean']:.3f} ± {rows[r]['macro_f1_std']:.3f})" for r in close)
+                + f": their one-std intervals overlap; run more seeds to rank them. Cheapest within one "
+                f"std of {best}: {cheap} ({rows[cheap]['bytes_per_task']:,} bytes per task)")
     if len(result.get("settings", {}).get("seeds", [])) == 1:
         return (f"verdict: best {best} (macro-F1 {rows[best]['macro_f1_mean']:.3f}; {NO_SPREAD}, so no "
                 "cheaper regime can be called as good: run with --seeds 3 to compare within noise)")
@@ -80,7 +90,7 @@ def _args(args: argparse.Namespace) -> tuple[list[str], list[int] | None]:
     unknown = [r for r in regimes if r not in REGIMES]
     if unknown or not regimes:
         fail(f"--regimes: unknown {unknown}; choose from {','.join(REGIMES)}")
-    if args.seeds < 1 or args.max_epochs < 1:
+    if (args.seeds is not None and args.seeds < 1) or args.max_epochs < 1:
         fail("--seeds and --max-epochs must be at least 1")
     try:
         sizes = [int(s) for s in args.train_sizes.split(",") if s.strip()] if args.train_sizes else None
@@ -88,6 +98,27 @@ def _args(args: argparse.Namespace) -> tuple[list[str], list[int] | None]:
         fail(f"--train-sizes must be comma-separated integers, got {args.train_sizes!r}")
         raise
     return regimes, sizes
+
+
+def _eval_sets(args: argparse.Namespace) -> dict[str, tuple[list[str], list[Any]]]:
+    """``--eval NAME=FILE,...`` read with the main file's columns and format, checked before any work."""
+    from layerbank.app.cli.extract import load_table
+
+    out: dict[str, tuple[list[str], list[Any]]] = {}
+    for item in (args.eval_sets or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            fail(f"--eval: expected NAME=FILE, got {item!r}")
+        if name.strip() in out:
+            fail(f"--eval: the name {name.strip()!r} is given twice")
+        table = load_table(argparse.Namespace(**{**vars(args), "file": path.strip()}),
+                           label_column=args.label_column)
+        if not table.labels or any(v is None or v == "" for v in table.labels):
+            fail(f"--eval {name}: some texts in {path} have no label in column {args.label_column!r}")
+        out[name.strip()] = (table.texts, list(table.labels))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     labels = table.labels or []
     if len(labels) != len(table.texts) or any(label is None or label == "" for label in labels):
         fail(f"{args.file}: some texts have no label in column {args.label_column!r}")
+    eval_sets = _eval_sets(args)
     from layerbank.app.cli.probe import _Bar, _open  # imports torch only when run
     from layerbank.workers.regimes.run import run_regimes
     from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
@@ -117,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = run_regimes(
                 table.texts, labels, model_path=ex.encoder.name, regimes=regimes, seeds=args.seeds,
+                eval_sets=eval_sets,
                 top_k=args.top_k, train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
                 max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
                 frozen_features=read.data if read.found.all() else None,

@@ -112,11 +112,30 @@ def format_regimes_table(result: Mapping[str, Any]) -> str:
         else:
             lines.append(f"best: {block['best']}; within one std of it: {', '.join(block['within_noise'])}; "
                          f"cheapest of those (*): {block['cheapest_within_one_std']}")
+            if block.get("too_close_to_call"):
+                lines.append(f"too close to call: {block['best']} and {', '.join(block['too_close_to_call'])} "
+                             f"(one-std intervals overlap over {n} seeds; more seeds would separate them)")
+        lines += _eval_lines(block, one)
         lines.append("")
     found = warnings(result)
     if found:
         lines += ["! did not converge:"] + [f"warning: {w}" for w in found] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _eval_lines(block: Mapping[str, Any], one: bool) -> list[str]:
+    """Each extra evaluation set: every regime's macro-F1 there and its gap to the in-domain test."""
+    lines = []
+    for name, verdict in (block.get("by_eval") or {}).items():
+        lines.append(f"on {name}: macro-F1 (gap = in-domain test - {name})")
+        for regime, r in block["regimes"].items():
+            e = r["evals"][name]
+            lines.append(f"  {regime:<7} {_score(e['macro_f1_mean'], e['macro_f1_std'], one)}  "
+                         f"gap {e['gap_mean']:+.3f}")
+        close = ("" if one or not verdict["too_close_to_call"]
+                 else f"; too close to call with {', '.join(verdict['too_close_to_call'])}")
+        lines.append(f"  best on {name}: {verdict['best']}{close}")
+    return lines
 
 
 def regimes_figure(result: Mapping[str, Any]) -> Figure:

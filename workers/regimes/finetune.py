@@ -4,7 +4,14 @@
 on disk are never changed), applies a regime from ``layerbank.workers.regimes.trainable``, trains
 with AdamW under a warm-up/linear-decay schedule, keeps the state with the
 best validation macro-F1 (early stopping with ``patience``), and scores that
-state on the test split. It returns the scores, timings, peak memory and the
+state on the test split and on any extra evaluation splits (``evals``: e.g. a
+shifted domain), each with the same standing as the test split.
+
+``gradual`` (ULMFiT, Howard & Ruder 2018) unfreezes from the top down, each
+lower group at the rate above / 2.6, under the paper's **slanted triangular**
+schedule (a short linear rise over ``cut_frac`` = 10% of the steps to the
+peak, then a long linear fall to peak / ``ratio`` = 32); the other regimes
+warm up over 10% and decay linearly to 0. It returns the scores, timings, peak memory and the
 tensors a task must store (only the parameters that trained, plus the head).
 
 Cancellation: ``should_cancel()`` is polled before every step and every
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +77,7 @@ class TrainSettings:
     seed: int = 0
     device: str = "cpu"
     decay: float = 2.6  # ULMFiT: each lower layer's rate is the one above / 2.6
+    stlr_ratio: float = 32.0  # ULMFiT's slanted triangular rates: lowest = peak / ratio
     # (weight [C, d], bias [C]) to start the head from, e.g. a linear probe (LP-FT);
     # None: PyTorch's random init.
     head_init: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
@@ -87,6 +95,8 @@ class RunResult:
     peak_memory_kind: str
     encoder_trainable: int
     state: dict[str, torch.Tensor] = field(repr=False)  # what a task stores
+    # per extra evaluation split: {"accuracy", "macro_f1"} of the same (best) state
+    eval_scores: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class SequenceClassifier(nn.Module):
@@ -163,10 +173,24 @@ def predict(model: SequenceClassifier, ids: list[list[int]], pad_id: int, device
 def finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_classes: int,
              pad_id: int, settings: TrainSettings,
              progress: Callable[[int, int], None] | None = None,
-             should_cancel: Check = None) -> RunResult:
+             should_cancel: Check = None, evals: Mapping[str, Split] | None = None) -> RunResult:
     """Train ``settings.regime`` on a copy of ``encoder``; see the module docstring."""
     return freeing_on_cancel(settings.device, _finetune, encoder, train, val, test, n_classes,
-                             pad_id, settings, progress, should_cancel)
+                             pad_id, settings, progress, should_cancel, dict(evals or {}))
+
+
+def slanted_triangular(total: int, cut_frac: float = 0.1, ratio: float = 32.0) -> Callable[[int], float]:
+    """ULMFiT's schedule as a multiplier of the peak rate at step ``t`` (0-based).
+
+    ``cut = floor(total * cut_frac)``; ``p = t / cut`` while rising, else
+    ``1 - (t - cut) / (cut * (1 / cut_frac - 1))``; rate = ``(1 + p (ratio - 1)) / ratio``.
+    """
+    cut = max(1, int(total * cut_frac))
+
+    def rate(t: int) -> float:
+        p = t / cut if t < cut else 1.0 - (t - cut) / (cut * (1.0 / cut_frac - 1.0))
+        return (1.0 + max(0.0, p) * (ratio - 1.0)) / ratio
+    return rate
 
 
 def make_optimizer(model: SequenceClassifier, s: TrainSettings,
@@ -187,7 +211,7 @@ def _scores(y: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
 
 def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_classes: int,
               pad_id: int, s: TrainSettings, progress: Callable[[int, int], None] | None,
-              should_cancel: Check) -> RunResult:
+              should_cancel: Check, evals: dict[str, Split]) -> RunResult:
     torch.manual_seed(s.seed)
     rng = np.random.default_rng(s.seed)
     with PeakMemory(s.device) as memory:
@@ -206,8 +230,12 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
         steps_per_epoch = -(-len(lengths) // s.batch_size)
         total = steps_per_epoch * s.max_epochs
         warmup = max(1, int(s.warmup_frac * total))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(
-            (t + 1) / warmup, max(0.0, (total - t) / max(1, total - warmup))))
+        if groups:  # gradual: ULMFiT's slanted triangular rates, as the paper pairs them
+            schedule = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, slanted_triangular(total, s.warmup_frac, s.stlr_ratio))
+        else:
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(
+                (t + 1) / warmup, max(0.0, (total - t) / max(1, total - warmup))))
         # ULMFiT unfreezes one group per epoch; spreading the same order over
         # the first half of the budget completes it under any max_epochs.
         every = max(1, total // (2 * len(groups))) if groups else 0
@@ -245,7 +273,11 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
                 break
         model.load_state_dict(best_state, strict=False)
         pred = predict(model, test.ids, pad_id, s.device, should_cancel)
+        eval_scores = {}
+        for name, split in evals.items():
+            acc, f1 = _scores(split.labels, predict(model, split.ids, pad_id, s.device, should_cancel))
+            eval_scores[name] = {"accuracy": acc, "macro_f1": f1}
     accuracy, macro_f1 = _scores(test.labels, pred)
     return RunResult(accuracy, macro_f1, best_f1, epoch, best_epoch,
                      float(np.mean(epoch_seconds)), memory.peak_bytes, memory.kind,
-                     encoder_trainable, best_state)
+                     encoder_trainable, best_state, eval_scores)

@@ -65,6 +65,12 @@ def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
     items = ctx.datasets.items(ds_id)
     if items.words is not None or any(label is None for label in items.labels):
         raise JobError(f"dataset {ds_id} needs a label for every text to compare regimes")
+    eval_sets = {}
+    for eval_id in p.get("eval_datasets") or []:  # checked by the route; gone since is a job error
+        if ctx.datasets.get(eval_id) is None:
+            raise JobError(f"evaluation dataset {eval_id} was deleted before the regimes job ran")
+        eval_items = ctx.datasets.items(eval_id)
+        eval_sets[eval_id] = (eval_items.texts, eval_items.labels)
     out_dir = ctx.store.root / "regimes" / ctx.job.id
     now = {"stage": "starting"}  # which regime and seed: shown with done/total in the job's progress
     try:
@@ -74,7 +80,8 @@ def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
             items.texts, items.labels, options, model_path=enc.name,
             frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir,
             progress=lambda done, total: ctx.progress({"done": done, "total": total, **now}),
-            should_cancel=lambda: not ctx.should_continue(), stage=lambda text: now.update(stage=text))
+            should_cancel=lambda: not ctx.should_continue(), stage=lambda text: now.update(stage=text),
+            eval_sets=eval_sets)
     except Cancelled:
         shutil.rmtree(out_dir, ignore_errors=True)  # half a comparison is of no use to anyone
         raise

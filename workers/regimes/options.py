@@ -22,7 +22,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["RegimesOptions"]
+__all__ = ["RegimesOptions", "default_seeds"]
+
+# The seed rule: the fewer training texts, the more seeds, because the spread
+# between runs grows as the training set shrinks (Chen et al. 2022 needed
+# 10-20 runs per arm to rank parameter-efficient methods on small sets;
+# Dodge et al. 2020 showed seed-to-seed swings of several points at a few
+# hundred examples). ceil(SEED_BUDGET / n), kept within [MIN_SEEDS, MAX_SEEDS]:
+# 100 texts -> 10 seeds, 200 -> 8, 500 -> 3, 1,000 or more -> 2.
+SEED_BUDGET, MIN_SEEDS, MAX_SEEDS = 1500, 2, 10
+
+
+def default_seeds(n_train: int) -> int:
+    """How many seeds the rule gives a training set of ``n_train`` texts."""
+    return max(MIN_SEEDS, min(MAX_SEEDS, -(-SEED_BUDGET // max(1, int(n_train)))))
 
 
 @dataclass(frozen=True)
@@ -30,7 +43,8 @@ class RegimesOptions:
     """A regimes comparison; see ``layerbank.workers.regimes.run.run_regimes``."""
 
     regimes: Sequence[str] | None = None  # None: every regime (trainable.REGIMES, which imports torch)
-    seeds: int | Sequence[int] = 3  # a count (0..n-1) or the seeds themselves
+    # a count (0..n-1), the seeds themselves, or None: ``default_seeds`` of each training size
+    seeds: int | Sequence[int] | None = None
     top_k: int | None = None  # bottom layers the top_k regime freezes (None: half)
     train_sizes: Sequence[int] | None = None  # a learning curve over these sizes (None: all rows)
     split_seed: int = 0

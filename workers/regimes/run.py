@@ -17,7 +17,17 @@ requested regime (``layerbank.workers.regimes.trainable``) and scores it on the 
 
 With ``train_sizes``, seed ``s`` draws a stratified subsample of the train
 split that every regime shares (paired comparison); validation and test stay
-fixed. The headline (``regimes``, ``best``, ...) is the largest size.
+fixed. The headline (``regimes``, ``best``, ...) is the largest size. Without
+``seeds``, each size gets ``options.default_seeds(size)`` seeds (more for
+smaller sets; ``settings.seed_rule`` says so).
+
+``eval_sets`` (name -> (texts, labels)): extra evaluation sets, e.g. a
+shifted domain. Every regime's chosen state is scored on each with the same
+standing as the in-domain test split; each row gets ``evals`` (scores over
+seeds and the in-domain minus out-of-domain gap) and the verdict ``by_eval``
+(Kumar et al. 2022: LP-FT gained ~1% in distribution but ~10% out of it over
+full fine-tuning, so one in-domain score can hide the difference that
+matters). Their labels must be among the training classes.
 
 Selection uses test macro-F1: ``best`` has the highest mean; ``within_noise``
 lists the regimes whose mean is within one standard deviation (ddof=1 over
@@ -56,7 +66,7 @@ from layerbank.workers.batching import token_budget_batches
 from layerbank.workers.encoder import Encoder, Tokenized
 from layerbank.workers.regimes.finetune import Split, TrainSettings, finetune
 from layerbank.workers.regimes.linear_probe import probe_head, probe_layers, stratified_split, subsample
-from layerbank.workers.regimes.options import RegimesOptions
+from layerbank.workers.regimes.options import RegimesOptions, default_seeds
 from layerbank.workers.regimes.trainable import LORA_RANK, REGIMES, default_top_k, encoder_params
 from layerbank.workers.regimes.result import choose, save_artifact, table_row
 from layerbank.workers.regimes.resources import PeakMemory, check_cancel, freeing_on_cancel
@@ -73,7 +83,9 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], options: RegimesOpt
                 model_path: str | None = None, frozen_features: np.ndarray | None = None,
                 out_dir: str | os.PathLike[str] | None = None, progress: Progress = None,
                 should_cancel: Callable[[], bool] | None = None,
-                stage: Callable[[str], None] | None = None, **option_fields: Any) -> dict[str, Any]:
+                stage: Callable[[str], None] | None = None,
+                eval_sets: Mapping[str, tuple[Sequence[str], Sequence[Any]]] | None = None,
+                **option_fields: Any) -> dict[str, Any]:
     """Train and score every regime; return a JSON-serialisable result (module docstring).
 
     ``options`` (layerbank.workers.regimes.options.RegimesOptions) says what to
@@ -108,11 +120,16 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], options: RegimesOpt
     rates = dict(DEFAULT_LR)
     rates.update(lr if isinstance(lr, Mapping) else {} if lr is None else dict.fromkeys(rates, lr))
     dev = device if device != "auto" else ("cuda" if _cuda() else "cpu")
-    job = _Job(regimes=tuple(regimes), seeds=[*range(seeds)] if isinstance(seeds, int) else [*seeds],
+    for name, (eval_texts, eval_labels) in (eval_sets or {}).items():
+        if len(eval_texts) != len(eval_labels) or not len(eval_texts):
+            raise ValueError(f"evaluation set {name!r}: {len(eval_texts)} texts and {len(eval_labels)} "
+                             "labels (needs the same number, at least one)")
+    job = _Job(regimes=tuple(regimes), seeds=None if seeds is None else
+               [*range(seeds)] if isinstance(seeds, int) else [*seeds],
                sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
                split_seed=split_seed, top_k=top_k, patience=o.patience, batch_size=o.batch_size,
                rates=rates, head_lr=o.head_lr, head_init=head_init, device=dev, out=out, progress=progress,
-               should_cancel=should_cancel, stage=stage)
+               should_cancel=should_cancel, stage=stage, eval_sets=dict(eval_sets or {}))
     return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, o.test_size, o.val_size,
                              o.max_length, frozen_features)
 
@@ -135,7 +152,7 @@ class _Job:
     """One regimes job's settings, and the data it loads as it runs."""
 
     regimes: tuple[str, ...]
-    seeds: list[int]
+    seeds: list[int] | None  # None: options.default_seeds per training size
     sizes: list[int | None]
     epochs: dict[int | None, int]
     split_seed: int
@@ -150,8 +167,12 @@ class _Job:
     progress: Progress
     should_cancel: Callable[[], bool] | None
     stage: Callable[[str], None] | None = None
+    eval_sets: dict[str, tuple[Sequence[str], Sequence[Any]]] | None = None
     done: int = 0
     total: int = 0
+
+    def _seeds(self, n_train: int) -> list[int]:
+        return self.seeds if self.seeds is not None else [*range(default_seeds(n_train))]
 
     def _tick(self, done: int) -> None:
         self.done = done
@@ -162,12 +183,22 @@ class _Job:
             val_size: float, max_length: int, features: np.ndarray | None) -> dict[str, Any]:
         classes, y = np.unique(np.asarray(labels), return_inverse=True)
         train, val, test = stratified_split(y, test_size, val_size, self.split_seed)
+        index = {c: i for i, c in enumerate(classes.tolist())}
+        evals_y = {}
+        for name, (_, eval_labels) in (self.eval_sets or {}).items():
+            unknown = sorted({str(v) for v in np.asarray(eval_labels).tolist() if v not in index})
+            if unknown:
+                raise ValueError(f"evaluation set {name!r}: labels {unknown[:5]} are not among the "
+                                 f"training classes {classes.tolist()}")
+            evals_y[name] = np.array([index[v] for v in np.asarray(eval_labels).tolist()])
+        seeds_by_size = {s: self._seeds(len(train) if s is None else min(s, len(train))) for s in self.sizes}
         encoder = Encoder.load(model_path, device=self.device, precision="fp32", max_length=max_length)
         ids = encoder.tokenize(texts).input_ids
+        eval_ids = {name: encoder.tokenize(list(t)).input_ids for name, (t, _) in (self.eval_sets or {}).items()}
         config = encoder.model.config
         n_frozen = default_top_k(config) if self.top_k is None else self.top_k
         trained = [r for r in self.regimes if r != "frozen"]
-        self.total = sum(len(self.seeds) * (("frozen" in self.regimes) + len(trained) * self.epochs[s])
+        self.total = sum(len(seeds_by_size[s]) * (("frozen" in self.regimes) + len(trained) * self.epochs[s])
                          for s in self.sizes)
         feature_seconds = 0.0
         lp_ft = self.head_init == "probe" and bool(trained)
@@ -177,6 +208,9 @@ class _Job:
             feature_seconds = time.perf_counter() - started
         if features is not None and features.shape[0] != len(texts):
             raise ValueError(f"frozen_features has {features.shape[0]} rows for {len(texts)} texts")
+        eval_features = ({name: _mean_features(encoder, e_ids, self.should_cancel)
+                          for name, e_ids in eval_ids.items()} if "frozen" in self.regimes else {})
+        eval_splits = {name: Split(e_ids, evals_y[name]) for name, e_ids in eval_ids.items()}
         meta = {"model_path": model_path, "model_fingerprint": encoder.fingerprint,
                 "classes": classes.tolist()}
 
@@ -187,7 +221,8 @@ class _Job:
         for size in self.sizes:
             runs: dict[str, list[dict[str, Any]]] = {r: [] for r in self.regimes}
             probes: dict[bytes, dict[str, Any]] = {}
-            for seed in self.seeds:
+            seeds = seeds_by_size[size]
+            for seed in seeds:
                 rows = subsample(train, y, size, self.split_seed, seed)
                 head = None
                 if lp_ft:
@@ -197,19 +232,20 @@ class _Job:
                 for regime in self.regimes:
                     check_cancel(self.should_cancel)
                     if self.stage is not None:
-                        self.stage(f"{regime}, seed {self.seeds.index(seed) + 1} of {len(self.seeds)}, "
+                        self.stage(f"{regime}, seed {seeds.index(seed) + 1} of {len(seeds)}, "
                                    f"{len(rows)} training texts")
                     if regime == "frozen":
                         assert features is not None
                         if rows.tobytes() not in probes:  # deterministic: fit once per subset
-                            probes[rows.tobytes()] = self._probe(features, y, rows, val, test,
-                                                                 stem.format("frozen"), meta)
+                            probes[rows.tobytes()] = self._probe(
+                                features, y, rows, val, test, stem.format("frozen"), meta,
+                                {n: (eval_features[n], evals_y[n]) for n in eval_features})
                         runs[regime].append({"seed": seed, **probes[rows.tobytes()]})
                         self._tick(self.done + 1)
                         continue
                     runs[regime].append(self._finetune(regime, seed, size, head, stem.format(regime),
                                                        encoder, split(rows), split(val), split(test),
-                                                       len(classes), n_frozen, meta))
+                                                       len(classes), n_frozen, meta, eval_splits))
             table = {r: table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
                                    feature_seconds) for r, rs in runs.items()}
             curve.append({"train_size": len(rows), "regimes": table, **choose(table)})
@@ -219,7 +255,13 @@ class _Job:
                             "hidden_size": int(config.hidden_size)},
                   "split": {"n_train": len(train), "n_val": len(val), "n_test": len(test),
                             "split_seed": self.split_seed, "test_size": test_size, "val_size": val_size},
-                  "settings": {"seeds": self.seeds, "top_k": n_frozen,
+                  "settings": {"seeds": seeds_by_size[self.sizes[-1]],
+                               "seeds_by_size": {str(len(train) if s is None else s): len(v)
+                                                 for s, v in seeds_by_size.items()},
+                               "seed_rule": None if self.seeds is not None else
+                               "ceil(1500 / training texts) seeds, within [2, 10]",
+                               "eval_sets": {n: len(v) for n, v in evals_y.items()},
+                               "top_k": n_frozen,
                                "max_epochs": {str(s): e for s, e in self.epochs.items()},
                                "patience": self.patience, "batch_size": self.batch_size,
                                "lr": self.rates, "head_lr": self.head_lr, "head_init": self.head_init,
@@ -233,7 +275,7 @@ class _Job:
     def _finetune(self, regime: str, seed: int, size: int | None,
                   head: tuple[np.ndarray, np.ndarray] | None, stem: str, encoder: Encoder,
                   train: Split, val: Split, test: Split, n_classes: int, n_frozen: int,
-                  meta: dict[str, Any]) -> dict[str, Any]:
+                  meta: dict[str, Any], evals: dict[str, Split]) -> dict[str, Any]:
         settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
                                  max_epochs=self.epochs[size], patience=self.patience,
                                  batch_size=self.batch_size, top_k=n_frozen, seed=seed,
@@ -241,7 +283,7 @@ class _Job:
         base = self.done
         run = finetune(encoder.model, train, val, test, n_classes,
                        int(encoder.tokenizer.pad_token_id or 0), settings,
-                       lambda epoch, _total: self._tick(base + epoch), self.should_cancel)
+                       lambda epoch, _total: self._tick(base + epoch), self.should_cancel, evals)
         self._tick(base + self.epochs[size])  # early stopping skips the rest
         scores = {k: v for k, v in vars(run).items() if k != "state"}
         scores["converged"] = run.best_epoch < self.epochs[size]  # else still improving at the budget's end
@@ -252,10 +294,11 @@ class _Job:
         return {"seed": seed, **scores, "stored_params": sum(t.numel() for t in run.state.values())}
 
     def _probe(self, features: np.ndarray, y: np.ndarray, rows: np.ndarray, val: np.ndarray,
-               test: np.ndarray, stem: str, meta: dict[str, Any]) -> dict[str, Any]:
+               test: np.ndarray, stem: str, meta: dict[str, Any],
+               evals: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
         with PeakMemory("cpu") as memory:  # scikit-learn runs on the CPU whatever the device
             started = time.perf_counter()
-            metrics, arrays = probe_layers(features.astype(np.float32, copy=False), y, rows, val, test)
+            metrics, arrays = probe_layers(features.astype(np.float32, copy=False), y, rows, val, test, evals)
             seconds = time.perf_counter() - started
         save_artifact(self.out, stem, arrays, {"regime": "frozen", **meta, "pooling": "mean", **metrics})
         return {**metrics, "seconds_per_epoch": seconds, "peak_memory_bytes": memory.peak_bytes,

@@ -61,7 +61,10 @@ class RegimesCreate(BaseModel):
     dataset: str = Field(description="id of a labelled, extracted dataset (POST /v1/datasets)")
     regimes: list[str] = Field(list(REGIMES), min_length=1, max_length=len(REGIMES),
                                description=f"which to compare, from {list(REGIMES)}")
-    seeds: int = Field(3, ge=1, le=20, description="seeds per regime (the std is over these)")
+    seeds: int | None = Field(None, ge=1, le=20, description="seeds per regime (the std is over these); "
+                              "default: ceil(1500 / training texts) within [2, 10], more for smaller sets")
+    eval_datasets: list[str] = Field([], max_length=8, description="ids of labelled datasets to score "
+                                     "every regime on too (e.g. a shifted domain), with the in-domain gap")
     top_k: int | None = Field(None, ge=0, description="bottom layers the top_k regime freezes "
                               "(default: half the layers)")
     train_sizes: list[int] | None = Field(None, min_length=1, max_length=10,
@@ -124,7 +127,22 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
             raise InvalidInput(f"train_sizes: {size} must be in {classes}..{n_train - classes} or be "
                                f"{n_train}, the whole train split of dataset {ds.id} ({classes} labels)",
                                field="train_sizes")
+    evals = []
+    for eval_id in dict.fromkeys(req.eval_datasets):
+        eval_ds, _ = ready_dataset(state, eval_id, "eval_datasets")
+        eval_labels = state.datasets.items(eval_ds.id).labels
+        if eval_ds.task != "sentence" or any(v is None for v in eval_labels):
+            raise InvalidInput(f"eval_datasets: {eval_ds.id} needs one label per text", field="eval_datasets")
+        if eval_ds.meta.get("fingerprint") != ds.meta.get("fingerprint"):
+            raise InvalidInput(f"eval_datasets: {eval_ds.id} was extracted with another model than "
+                               f"{ds.id}", field="eval_datasets")
+        strangers = sorted({str(v) for v in eval_labels} - {str(v) for v in labels})
+        if strangers:
+            raise InvalidInput(f"eval_datasets: {eval_ds.id} has labels {strangers[:5]} that {ds.id} "
+                               "never trains on", field="eval_datasets")
+        evals.append(eval_ds.id)
     return {"dataset_id": ds.id, "regimes": list(req.regimes), "seeds": req.seeds, "top_k": req.top_k,
+            "eval_datasets": evals,
             "train_sizes": sizes, "max_epochs": req.max_epochs, "patience": req.patience,
             "split_seed": req.split_seed, "n_texts": len(labels)}
 

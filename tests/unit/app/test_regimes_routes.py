@@ -77,12 +77,40 @@ def test_bad_requests_get_statuses_and_messages(tiny_api: Any) -> None:
     assert "cannot be split into stratified" in e["error"] and "'x': 2" in e["error"]
     assert c.get("/v1/regimes/nope").status_code == 404
     assert c.get("/v1/regimes/nope").json()["error"] == "no regimes job 'nope'"
+    # evaluation sets: known, labelled, and with no label the training set lacks
+    e = error({"dataset": ds, "eval_datasets": ["ds_gone"]}, 404)
+    assert e["field"] == "eval_datasets" and "ds_gone" in e["error"]
+    e = error({"dataset": ds, "eval_datasets": [unlabelled]}, 422)
+    assert e == {"error": f"eval_datasets: {unlabelled} needs one label per text", "type": "validation",
+                 "field": "eval_datasets"}
+    stranger = _dataset(c, ["a so-so film", "a good play"], ["meh", "pos"])
+    e = error({"dataset": ds, "eval_datasets": [stranger]}, 422)
+    assert e["error"] == f"eval_datasets: {stranger} has labels ['meh'] that {ds} never trains on"
 
     tiny_api.worker.stop()  # nothing extracts any more: the next dataset stays queued
     late = c.post("/v1/datasets", json={"name": "late", "texts": ["late one", "late two"],
                                         "labels": ["a", "b"]}).json()
     e = error({"dataset": late["id"]}, 409)
     assert e["job_id"] == late["job_id"] and e["job_state"] == "queued"
+
+
+def test_a_frozen_job_is_scored_on_its_evaluation_set(tiny_api: Any) -> None:
+    c = tiny_api.client
+    ds = _dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
+    shifted = _dataset(c, ["good fun", "a bad time", "lovely and warm", "dull and poor"],
+                       ["pos", "neg", "pos", "neg"])
+    r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 2,
+                                    "eval_datasets": [shifted]})
+    assert r.status_code == 202, r.text
+    assert r.json()["request"]["eval_datasets"] == [shifted]
+    job = _wait(c, r.json()["job_id"])
+    assert job["state"] == "succeeded", job
+    result = c.get(f"/v1/regimes/{r.json()['id']}").json()["result"]
+    frozen = result["regimes"]["frozen"]
+    assert set(frozen["evals"]) == {shifted} and result["settings"]["eval_sets"] == {shifted: 4}
+    assert len(frozen["runs"]) == 2 and all(0.0 <= x["eval_scores"][shifted]["macro_f1"] <= 1.0
+                                            for x in frozen["runs"])
+    assert result["by_eval"][shifted]["best"] == "frozen"
 
 
 def test_a_regimes_job_runs_in_the_worker_and_stores_its_tensors(tiny_api: Any) -> None:

@@ -274,5 +274,87 @@ def test_choose_names_best_and_cheapest_within_one_std() -> None:
     table = {"frozen": {"macro_f1_mean": 0.80, "macro_f1_std": 0.01, "bytes_per_task": 10, "trainable_params": 1},
              "lora": {"macro_f1_mean": 0.84, "macro_f1_std": 0.00, "bytes_per_task": 100, "trainable_params": 9},
              "full": {"macro_f1_mean": 0.85, "macro_f1_std": 0.02, "bytes_per_task": 9000, "trainable_params": 99}}
+    # lora's interval [0.84, 0.84] reaches the best's floor (0.85 - 0.02): the seeds cannot rank them
     assert choose(table) == {"best": "full", "within_noise": ["lora", "full"],
-                             "cheapest_within_one_std": "lora"}
+                             "cheapest_within_one_std": "lora", "too_close_to_call": ["lora"], "by_eval": {}}
+
+
+def test_two_regimes_without_spread_are_not_called_too_close() -> None:
+    table = {"frozen": {"macro_f1_mean": 0.80, "macro_f1_std": 0.0, "bytes_per_task": 10, "trainable_params": 1},
+             "full": {"macro_f1_mean": 0.85, "macro_f1_std": 0.0, "bytes_per_task": 9000, "trainable_params": 99}}
+    assert choose(table)["too_close_to_call"] == []
+
+
+def test_the_verdict_is_given_again_on_each_evaluation_set() -> None:
+    def row(f1: float, std: float, shifted: float, size: int) -> dict:
+        return {"macro_f1_mean": f1, "macro_f1_std": std, "bytes_per_task": size, "trainable_params": size,
+                "evals": {"shifted": {"macro_f1_mean": shifted, "macro_f1_std": 0.01}}}
+    table = {"frozen": row(0.80, 0.01, 0.78, 10), "full": row(0.86, 0.01, 0.70, 9000)}
+    verdict = choose(table)
+    assert verdict["best"] == "full"
+    assert verdict["by_eval"]["shifted"]["best"] == "frozen"  # in domain and out of it disagree
+    assert verdict["by_eval"]["shifted"]["too_close_to_call"] == []
+
+
+@pytest.mark.parametrize("n, seeds", [(1, 10), (100, 10), (200, 8), (500, 3), (1000, 2), (50_000, 2)])
+def test_the_seed_rule_gives_more_seeds_to_smaller_sets(n: int, seeds: int) -> None:
+    from layerbank.workers.regimes.options import default_seeds
+
+    assert default_seeds(n) == seeds  # ceil(1500 / n) within [2, 10], by hand
+
+
+def test_slanted_triangular_rates_by_hand() -> None:
+    from layerbank.workers.regimes.finetune import slanted_triangular
+
+    rate = slanted_triangular(100, cut_frac=0.1, ratio=32)  # cut = 10 steps
+    assert rate(0) == pytest.approx(1 / 32)
+    assert rate(5) == pytest.approx((1 + 0.5 * 31) / 32)
+    assert rate(10) == pytest.approx(1.0)
+    assert rate(55) == pytest.approx((1 + 0.5 * 31) / 32)  # p = 1 - 45 / 90
+    assert rate(100) == pytest.approx(1 / 32)
+
+
+def test_an_evaluation_set_equal_to_the_test_split_scores_the_same(tiny_model_dir: str) -> None:
+    texts, labels = _texts(60)
+    y = np.array(labels)
+    _, _, test = stratified_split(y, 0.2, 0.1, 0)
+    same = ([texts[i] for i in test], [labels[i] for i in test])
+    result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen", "bitfit"), seeds=2,
+                         max_epochs=1, batch_size=8, device="cpu", eval_sets={"same": same})
+    for regime in ("frozen", "bitfit"):
+        row = result["regimes"][regime]
+        for run in row["runs"]:  # the same state on the same texts: the same numbers
+            assert run["eval_scores"]["same"] == {"accuracy": run["test_accuracy"],
+                                                  "macro_f1": run["test_macro_f1"]}
+        assert row["evals"]["same"]["gap_mean"] == pytest.approx(0.0)
+    assert result["settings"]["eval_sets"] == {"same": len(test)}
+    assert set(result["by_eval"]["same"]) >= {"best", "too_close_to_call"}
+
+
+def test_evaluation_labels_outside_the_training_classes_are_refused(tiny_model_dir: str) -> None:
+    texts, labels = _texts(40)
+    with pytest.raises(ValueError, match=r"evaluation set 'ood': labels \['7'\] are not among"):
+        run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen",), seeds=1, device="cpu",
+                    eval_sets={"ood": (["a text"], [7])})
+
+
+def test_without_seeds_each_training_size_gets_the_rules_count(tiny_model_dir: str) -> None:
+    texts, labels = _texts(600)
+    result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen",), device="cpu",
+                         train_sizes=[300, 420])
+    # train split 420; ceil(1500 / 300) = 5, ceil(1500 / 420) = 4
+    assert result["settings"]["seeds_by_size"] == {"300": 5, "420": 4}
+    assert [len(p["regimes"]["frozen"]["runs"]) for p in result["learning_curve"]] == [5, 4]
+
+
+def test_the_cli_verdict_says_when_the_spread_cannot_separate_the_best() -> None:
+    from layerbank.app.cli.regimes import verdict
+
+    rows = {"lora": {"macro_f1_mean": 0.84, "macro_f1_std": 0.03, "bytes_per_task": 300_000},
+            "full": {"macro_f1_mean": 0.85, "macro_f1_std": 0.02, "bytes_per_task": 90_000_000}}
+    result = {"regimes": rows, "settings": {"seeds": [0, 1, 2]}, **choose(
+        {k: v | {"trainable_params": v["bytes_per_task"]} for k, v in rows.items()})}
+    line = verdict(result)
+    assert line.startswith("verdict: the spread is too wide to separate full (macro-F1 0.850 ± 0.020) "
+                           "from lora (0.840 ± 0.030)")
+    assert "run more seeds" in line and "Cheapest within one std of full: lora" in line
