@@ -34,7 +34,8 @@ def test_stored_texts_are_answered_with_the_encoders_rows(tiny_model_dir: str, t
     with StoreFirst.open(settings, locate(settings)) as sf:
         summary = sf.all_stored(TEXTS)
         assert summary is not None
-        assert (summary.texts, summary.unique_texts, summary.cache_hits, summary.texts_encoded) == (4, 3, 3, 0)
+        counts = (summary.texts, summary.unique_texts, summary.cache_hits, summary.texts_encoded)
+        assert counts == (4, 3, 3, 0)
         res = sf.read_view(TEXTS, parse_view("layer:-1"), "mean")
         assert res is not None and np.array_equal(res.data, expected)
         assert sf.all_stored(TEXTS + ["never seen"]) is None

@@ -26,7 +26,8 @@ def test_a_local_directory_gives_its_layer_count(tiny_model_dir: str) -> None:
 def test_a_missing_path_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as e:
         locate_model(str(tmp_path / "nope"))
-    assert str(e.value) == f"cannot load model {str(tmp_path / 'nope')!r}: there is no model directory at that path"
+    missing = str(tmp_path / "nope")
+    assert str(e.value) == f"cannot load model {missing!r}: there is no model directory at that path"
 
 
 def _hub(monkeypatch: pytest.MonkeyPatch, cache: Path, endpoint: str, offline: bool = False) -> None:
