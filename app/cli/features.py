@@ -15,7 +15,6 @@ from layerbank.app.cli.extract import add_input_flags, load_table
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.feature_files import OutPathError, check_out_path, write_features
 from layerbank.cache.poolings import POOLING_NAMES
-from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
 
 
