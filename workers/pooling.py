@@ -22,6 +22,8 @@ from functools import cached_property
 
 import torch
 
+from layerbank.cache.poolings import DEFAULT_POOLINGS, parse_poolings
+
 __all__ = ["POOL_FUNCTIONS", "TokenMask", "pool_hidden_states"]
 
 
@@ -76,10 +78,11 @@ POOL_FUNCTIONS: dict[str, Callable[[torch.Tensor, TokenMask], torch.Tensor]] = {
     "max": _max,
     "last_token": _last_token,
 }
+DEFAULT_NAMES = parse_poolings(DEFAULT_POOLINGS)
 
 
 def pool_hidden_states(hidden_states: Sequence[torch.Tensor], mask: torch.Tensor,
-                       padded: bool = True, names: Sequence[str] = ("mean", "cls", "max")) -> torch.Tensor:
+                       padded: bool = True, names: Sequence[str] = DEFAULT_NAMES) -> torch.Tensor:
     """[len(names), n, H, d] float32: each named pooling of every hidden state over real tokens."""
     n, _, d = hidden_states[0].shape
     fns = [POOL_FUNCTIONS[name] for name in names]
