@@ -104,8 +104,10 @@ def test_three_seeds_keep_the_spread_and_the_verdict() -> None:
     table = format_regimes_table(result)
     assert "train size 400 (3 seeds; test macro-F1 and accuracy as mean ± std)" in table
     assert "  0.863 ± 0.012" in table
-    assert verdict(result).startswith("verdict: best full (macro-F1 0.863 ± 0.012); cheapest within one "
-                                      "std: lora (296,456 bytes per task, 306x less than full)")
+    line = verdict(result)  # with overlapping intervals it says so (too_close_to_call), spread and all
+    assert line.startswith("verdict: ") and "full (macro-F1 0.863 ± 0.012)" in line
+    assert "cheapest within one std" in line.lower() and "lora (296,456 bytes per task" in line
+    assert "no spread" not in line
 
 
 def test_runs_that_did_not_converge_are_marked_and_explained() -> None:
