@@ -10,8 +10,10 @@ home. Every page fails its test on a browser console error, an uncaught
 exception, or a request to any host but the server. Screenshots at 1280x800
 go to the test's tmp dir (``lab-shots*``); docs/lab/ holds copies.
 
-Texts: SST-2 *test* split (/work/shared/data/sst2/test.tsv), a seeded sample of
-200; the other integration tests use the dev split, so the cache holds none of them.
+Texts: SST-2 *test* split (/work/shared/data/sst2/test.tsv) in one seeded
+shuffle: the first 200 are uploaded, the rest make a dataset that keeps the
+worker busy (then deleted) so the page opens on an unfinished job. The other
+integration tests use the dev split, so the cache holds none of them.
 """
 
 from __future__ import annotations
@@ -37,11 +39,22 @@ N_TEXTS = 200
 T = 240_000  # ms: the longest wait for a job (a loaded 2-core machine)
 
 
-def _sample(n: int) -> list[tuple[str, str]]:
+def _sst2_test() -> list[tuple[str, str]]:
+    """Every (sentence, label) of the SST-2 test split, in one seeded shuffle."""
     with open(DATA / "sst2" / "test.tsv", encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
         rows = [(r["sentence"], r["label"]) for r in reader]
-    return random.Random(15).sample(rows, n)
+    random.Random(15).shuffle(rows)
+    return rows
+
+
+# every change of the progress line, recorded in the page as it happens
+_RECORD_PROGRESS = """window.__progress = [];
+new MutationObserver(() => {
+  const s = document.querySelector("#progress .state"), m = document.querySelector("#progress .muted");
+  const t = s ? `${s.dataset.state} ${m ? m.textContent : ""}` : null;
+  if (t && window.__progress[window.__progress.length - 1] !== t) window.__progress.push(t);
+}).observe(document, {subtree: true, childList: true, characterData: true});"""
 
 
 class Watch:
@@ -124,7 +137,8 @@ def _shot(page: Any, lab: dict[str, Any], name: str, at: str | None = None) -> N
 
 def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: dict[str, Any],
                                                                 tmp_path: Path) -> None:
-    rows = _sample(N_TEXTS)
+    every = _sst2_test()
+    rows, others = every[:N_TEXTS], every[N_TEXTS:]
     tsv = tmp_path / "sst2-lab.tsv"
     tsv.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows), encoding="utf-8")
     _open(page, lab, "/lab/datasets/new", ready=False)
@@ -143,11 +157,21 @@ def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: 
     page.select_option("#label-column", "label")
     page.fill("#name", "sst2-lab")
     _shot(page, lab, "upload")
+    # another dataset keeps the worker busy, so the page opens on a job that has not finished
+    busy = lab["server"].post("/v1/datasets", json={"name": "lab-busy",
+                                                    "texts": [t for t, _ in others]}).json()
+    page.add_init_script(_RECORD_PROGRESS)
     page.click("#send")
     page.wait_for_url(re.compile(r"/lab/datasets/ds_[0-9a-f]+$"))
     ds_id = page.url.rsplit("/", 1)[1]
-    # live progress from the job's event stream, until 100% and succeeded
+    page.wait_for_selector("#progress .state")
+    assert lab["server"].delete(f"/v1/datasets/{busy['id']}").status_code == 200  # not needed any more
+    # live progress from the job's event stream (the page never re-reads the dataset), until 100%
     page.wait_for_selector("main[data-ready=true]", timeout=T)
+    seen = page.evaluate("window.__progress")
+    assert seen[0].split()[0] in ("queued", "running"), seen
+    assert seen[-1].startswith(f"succeeded {N_TEXTS} / {N_TEXTS}"), seen
+    assert len(seen) >= 2, seen
     assert page.get_attribute("#progress .state", "data-state") == "succeeded"
     assert page.inner_text("#progress .progress-pct") == "100%"
     assert page.inner_text("#progress .muted").startswith(f"{N_TEXTS} / {N_TEXTS}")
