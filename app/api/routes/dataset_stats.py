@@ -89,7 +89,7 @@ def dataset_stats(state: AppState, dataset_id: str) -> dict[str, Any]:
                                       max_length)}
 
 
-@router.get("/datasets/{dataset_id}/stats", responses=error_responses(401, 404, 409),
+@router.get("/datasets/{dataset_id}/stats", responses=error_responses(401, 404, 409, 422),
             summary="Label counts and the token-length histogram of a dataset")
 async def get_dataset_stats(dataset_id: str, state: AppState = Depends(get_state)) -> Response:
     return json_response(await run_in_threadpool(dataset_stats, state, dataset_id))
