@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from tests.integration.conftest import DATA, ServerProcess
@@ -194,6 +195,12 @@ def test_upload_through_the_page_and_watch_extraction_reach_100(page: Any, lab: 
     got = np.load(dl.value.path())
     want = np.load(io.BytesIO(lab["server"].get(f"/v1/datasets/{ds_id}/features").content))
     assert got.shape == (N_TEXTS, 384) and np.array_equal(got, want)
+    with page.expect_download() as dl:
+        page.click("#download-parquet")
+    assert dl.value.suggested_filename == "sst2-lab-layer_-2-mean.parquet"
+    table = pq.read_table(dl.value.path())
+    assert table["text"].to_pylist() == [t for t, _ in rows]
+    assert np.array_equal(np.array(table["features"].to_pylist(), np.float32), want)
     lab["dataset"] = ds_id
 
 

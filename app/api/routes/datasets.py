@@ -271,11 +271,13 @@ async def delete_dataset(dataset_id: str, state: AppState = Depends(get_state)) 
 
 
 @router.get("/datasets/{dataset_id}/features", responses={
-    **_ERRORS, 200: {"content": {"application/x-npy": {}}, "description": "float32 .npy: [n, dim] or [n, H, d]"}},
-    response_class=Response, summary="The dataset's feature matrix as .npy")
+    **_ERRORS, 200: {"content": {"application/x-npy": {}, "application/vnd.apache.parquet": {}},
+                     "description": "float32 .npy: [n, dim] or [n, H, d]; Parquet: columns text, features"}},
+    response_class=Response, summary="The dataset's feature matrix as .npy (or .parquet)")
 async def dataset_features(dataset_id: str, view: str | None = None,
                            pooling: PoolingName | Literal[""] | None = None,
-                           format: str = Query("npy", pattern="^npy$", description="npy only"),
+                           format: str = Query("npy", pattern="^(npy|parquet)$",
+                                               description="npy (streamed) or parquet (text, features)"),
                            state: AppState = Depends(get_state)) -> Response:
     ds = _get(state, dataset_id)
     job = state.queue.get(ds.job_id) if ds.job_id else None
@@ -304,6 +306,12 @@ async def dataset_features(dataset_id: str, view: str | None = None,
         raise Conflict(f"{lost} of the dataset's texts are no longer stored (a damaged shard was "
                        "quarantined); upload the dataset again to recompute them")
     shape = (len(keys), h, d) if v.kind == "all" else (len(keys), width)
+    safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", dataset_id)
+    if format == "parquet":  # one file, built whole: Parquet has no streaming writer here
+        body = await run_in_threadpool(_parquet, state, keys, texts, v, view or state.settings.default_view,
+                                       pooling, h, ds.model)
+        return Response(body, media_type="application/vnd.apache.parquet", headers={
+            "Content-Disposition": f'attachment; filename="{safe_id}.parquet"'})
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
                                                   "shape": shape})
@@ -335,7 +343,6 @@ async def dataset_features(dataset_id: str, view: str | None = None,
                       len(header.getvalue()) + sum(map(len, checked)), e)
             raise
 
-    safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", dataset_id)
     return StreamingResponse(stream(), media_type="application/x-npy", headers={
         "Content-Disposition": f'attachment; filename="{safe_id}.npy"',
         "Content-Length": str(len(header.getvalue()) + 4 * int(np.prod(shape)))})
@@ -356,3 +363,23 @@ def _matrix_rows(state: AppState, keys: list[str], view: Any, pooling: str, h: i
         if not res.found.all():
             raise RowsLost(int((~res.found).sum()))
         yield np.ascontiguousarray(res.data, dtype="<f4").tobytes()
+
+
+def _parquet(state: AppState, keys: list[str], texts: list[str], v: Any, view: str, pooling: str,
+             h: int, model: str) -> bytes:
+    """The dataset's matrix as Parquet, in layerbank.app.feature_files' layout (text, features)."""
+    import tempfile
+
+    from layerbank.app.feature_files import write_features
+
+    parts = []
+    for i in range(0, len(keys), _CHUNK_ROWS):
+        res = state.store.read_view(keys[i: i + _CHUNK_ROWS], v, pooling, h)
+        if not res.found.all():
+            raise Conflict("rows of the dataset vanished while it was read (a damaged shard was "
+                           "quarantined); upload the dataset again to recompute them")
+        parts.append(res.data)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_features(f"{tmp}/features.parquet", np.concatenate(parts), texts=texts, view=view,
+                              pooling=pooling, model=model)
+        return path.read_bytes()

@@ -94,3 +94,25 @@ def test_token_histogram_bins_every_count_and_the_truncated_share() -> None:
     assert sum(counts) == 5 and edges[0] == 0 and edges[-1] > 128 and len(counts) <= 20
     assert t["truncated"] == 2 and t["truncated_share"] == 0.4 and t["median"] == 10.0
     assert token_histogram([], [], 512)["stored"] == 0
+
+
+def test_dataset_features_as_parquet_hold_the_npy_rows_and_the_texts(tiny_api: Any) -> None:
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    c = tiny_api.client
+    texts = ["parquet row one", "parquet row two", "and a third"]
+    ds = c.post("/v1/datasets", json={"name": "pq", "texts": texts}).json()
+    assert _wait(c, ds["job_id"])["state"] == "succeeded"
+    q = {"view": "layers:0,2", "pooling": "max"}
+    r = c.get(f"/v1/datasets/{ds['id']}/features", params={**q, "format": "parquet"})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/vnd.apache.parquet"
+    assert r.headers["content-disposition"] == f'attachment; filename="{ds["id"]}.parquet"'
+    table = pq.read_table(io.BytesIO(r.content))
+    x = np.load(io.BytesIO(c.get(f"/v1/datasets/{ds['id']}/features", params=q).content))
+    assert table["text"].to_pylist() == texts
+    np.testing.assert_array_equal(np.array(table["features"].to_pylist(), np.float32), x)
+    assert table.schema.metadata[b"view"] == b"layers:0,2" and x.shape == (3, 64)
+    assert c.get(f"/v1/datasets/{ds['id']}/features", params={"format": "csv"}).status_code == 422

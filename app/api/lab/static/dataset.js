@@ -195,12 +195,16 @@ function downloadForm(ds, info) {
     h("option", { value: p, selected: info.defaults && p === info.defaults.pooling }, p)));
   const form = h("form", { class: "card", id: "download-form" }, h("h3", {}, "Download features"),
     h("div", { class: "fields" }, h("label", { for: "dl-view" }, "View"), view, h("label", { for: "dl-pooling" }, "Pooling"), pooling),
-    h("p", { class: "muted" }, "float32 .npy, rows in dataset order (np.load). Views: layer:K, concat_last_4, mean_all, all_layers, …"),
-    h("button", { type: "submit", id: "download-npy" }, "Download .npy"));
+    h("p", { class: "muted" }, "Rows in dataset order, float32. .npy: the matrix (np.load); .parquet: columns text and ",
+      "features (pyarrow or pandas). Views: layer:K, concat_last_4, mean_all, all_layers, …"),
+    h("button", { type: "submit", id: "download-npy", value: "npy" }, "Download .npy"), " ",
+    h("button", { type: "submit", id: "download-parquet", value: "parquet" }, "Download .parquet"));
   form.onsubmit = async (e) => {
     e.preventDefault();
-    const q = new URLSearchParams({ view: view.value, pooling: pooling.value, format: "npy" });
-    try { await download(`/v1/datasets/${encodeURIComponent(ds.id)}/features?${q}`, `${ds.name}-${view.value.replace(/[^\w-]/g, "_")}-${pooling.value}.npy`); } catch (err) { showError(form, err); }
+    const format = (e.submitter && e.submitter.value) || "npy";
+    const q = new URLSearchParams({ view: view.value, pooling: pooling.value, format });
+    const name = `${ds.name}-${view.value.replace(/[^\w-]/g, "_")}-${pooling.value}.${format}`;
+    try { await download(`/v1/datasets/${encodeURIComponent(ds.id)}/features?${q}`, name); } catch (err) { showError(form, err); }
   };
   return form;
 }
