@@ -115,3 +115,12 @@ def test_workers_never_import_app() -> None:
 
 def test_the_http_layer_never_imports_torch_or_workers() -> None:
     assert _violations("layerbank.app.api", ("torch", "transformers", "peft", "layerbank.workers")) == []
+
+
+def test_only_the_command_line_and_the_in_process_bank_run_the_encoder() -> None:
+    # app/ is everything above the store; the encoder side is reached only where a
+    # user runs it in their own process: the CLI and layerbank.Bank (a notebook)
+    allowed = ("layerbank.app.cli", "layerbank.app.bank")
+    found = [v for v in _violations("layerbank.app", ("layerbank.workers",))
+             if not any(v.startswith(a + " ") or v.startswith(a + ".") for a in allowed)]
+    assert found == []
