@@ -164,6 +164,9 @@ def _run_sentence(args: argparse.Namespace) -> int:
         # every text stored: torch and the weights stay unloaded (app/cli/store_first.py)
         return _probe_and_report(args, stored[0], table.labels, views, poolings, sizes, stored[1])
     with _open(settings) as ex:
+        from layerbank.app.cli.cost import announce
+
+        announce(ex, table.texts)  # a large file says what it will cost first
         ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10], progress_bar=not args.no_progress,
                    max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
         keys = [ex.store.key(ex.encoder.fingerprint, ex.encoder.config, t) for t in table.texts]

@@ -118,3 +118,22 @@ def test_features_shows_its_extraction_and_checks_the_view_before_encoding(
     err = capsys.readouterr().err
     assert "30/30" in err and "text/s" in err  # the extraction's bar
     assert (tmp_path / "x.npy").exists()
+
+
+def test_sentence_probe_announces_its_extraction(tiny_model_dir: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cost, "LARGE_TOKENS", 10)
+    for var in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):  # --no-progress sets them: undone after
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    data = tmp_path / "s.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"review {i} was {'good' if i % 2 else 'bad'}\t{i % 2}\n"
+                                                   for i in range(40)))
+    args = ["probe", str(data), "--text-column", "sentence", "--label-column", "label", "--cv", "2",
+            "--views", "layer:0", "--no-learning-curve", "--no-control-task", "--no-progress",
+            "--data-dir", str(tmp_path / "d"), "--model", tiny_model_dir]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^cost: about to encode 40 texts \([\d,]+ tokens\); pooled vectors [\d.,]+ KB on disk; ",
+                     err, re.M), err
