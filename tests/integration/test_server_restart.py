@@ -25,15 +25,21 @@ def _job(server: ServerProcess, job_id: str) -> dict[str, Any]:
     return server.get(f"/v1/jobs/{job_id}").json()
 
 
-def _wait_progress(server: ServerProcess, job_id: str, at_least: int, timeout: float = 120) -> dict:
+def _wait_committed(server: ServerProcess, job_id: str, parts: int = 1, timeout: float = 300) -> None:
+    """Wait for a state, not a time: ``parts`` of the job's shards committed in the catalog.
+
+    Progress counts texts encoded, which runs ahead of the shard's commit; under load
+    (load average 9-10) a kill at "32 done" could land before the first commit."""
     deadline = time.monotonic() + timeout
-    while True:
-        job = _job(server, job_id)
-        assert job["state"] in ("queued", "running"), f"job ended before it could be interrupted: {job}"
-        if job["progress"].get("done", 0) >= at_least:
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.02)
+    cat = Catalog(server.data_dir / "catalog.sqlite")
+    try:
+        while sum(n.startswith(job_id + "-") for n in cat.shard_names()) < parts:
+            job = _job(server, job_id)
+            assert job["state"] in ("queued", "running"), f"job ended before it could be interrupted: {job}"
+            assert time.monotonic() < deadline, job
+            time.sleep(0.02)
+    finally:
+        cat.close()
 
 
 def test_jobs_resume_after_worker_crash_and_server_restart(server_factory) -> None:  # type: ignore[no-untyped-def]
@@ -44,7 +50,7 @@ def test_jobs_resume_after_worker_crash_and_server_restart(server_factory) -> No
 
     # 1. the worker process dies mid-job (SIGKILL): serve restarts it, the job resumes
     a = server.post("/v1/datasets", json={"name": "a", "texts": a_texts}).json()
-    _wait_progress(server, a["job_id"], 32)
+    _wait_committed(server, a["job_id"])  # 32 texts stored
     old_worker = server.worker_pid()
     os.kill(old_worker, signal.SIGKILL)
     job = server.client().wait(a, timeout=180)
@@ -57,7 +63,7 @@ def test_jobs_resume_after_worker_crash_and_server_restart(server_factory) -> No
     # 2. the whole server is killed mid-queue: one job running, one queued behind it
     b = server.post("/v1/datasets", json={"name": "b", "texts": b_texts}).json()
     c = server.post("/v1/datasets", json={"name": "c", "texts": c_texts}).json()
-    _wait_progress(server, b["job_id"], 32)
+    _wait_committed(server, b["job_id"])
     assert _job(server, c["job_id"])["state"] == "queued"
     server.kill()
     server.start()  # same data directory, same port
