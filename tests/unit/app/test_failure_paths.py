@@ -1,0 +1,92 @@
+"""Failure paths the audit of issue 16 found unguarded: each test here failed when the
+line it guards was broken on purpose (docs/reliability.md lists which)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import ShardContents, write_shard
+
+
+def test_a_500_never_shows_the_traceback_or_the_exception(tiny_api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    state = tiny_api.client.app.state.layerbank
+
+    def boom() -> None:
+        raise RuntimeError("secret-detail-4f2a in /srv/private/path.py")
+
+    monkeypatch.setattr(state.datasets, "list", boom)
+    c = TestClient(tiny_api.client.app, base_url="http://localhost", raise_server_exceptions=False)
+    r = c.get("/v1/datasets")
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal error; the server log has the details", "type": "internal"}
+    assert "secret" not in r.text and "Traceback" not in r.text and "RuntimeError" not in r.text
+
+
+def test_a_shard_is_fsynced_before_its_rename_and_its_directory_after(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    synced: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    renamed: list[str] = []
+    real_replace = os.replace
+
+    def replace(a, b) -> None:  # type: ignore[no-untyped-def]
+        renamed.append(os.fspath(b))
+        synced.append("<rename>")
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    monkeypatch.setattr(os, "replace", replace)
+    c = ShardContents(["0" * 64], np.ones(1), np.zeros(1), {"mean": np.ones((1, 2, 4), np.float32)})
+    write_shard(tmp_path / "s.h5", c, "float16")
+    assert synced == [str(tmp_path / "s.h5.tmp"), "<rename>", str(tmp_path)], synced
+    assert renamed == [str(tmp_path / "s.h5")]
+
+
+def test_the_catalog_runs_wal_with_synchronous_normal(tmp_path: Path) -> None:
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    db = cat.conn()
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL (docs/reliability.md)
+    cat.close()
+    # a second process opening it finds WAL too (it is a property of the file)
+    raw = sqlite3.connect(tmp_path / "catalog.sqlite")
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+
+
+def test_embeddings_usage_counts_cached_and_new_texts(tiny_api, tiny_encoder) -> None:  # type: ignore[no-untyped-def]
+    c = tiny_api.client
+    cached = ["the first text is cached", "so is the second one here"]
+    assert c.post("/v1/embeddings", json={"input": cached}).status_code == 200
+    mixed = [cached[0], "a new text, never seen before", cached[1]]
+    r = c.post("/v1/embeddings", json={"input": mixed})
+    assert r.status_code == 200, r.text
+    want = sum(len(ids) for ids in tiny_encoder.tokenize(mixed).input_ids)
+    assert r.json()["usage"] == {"prompt_tokens": want, "total_tokens": want}
+    one = c.post("/v1/embeddings", json={"input": cached[:1]}).json()["usage"]["prompt_tokens"]
+    assert one == len(tiny_encoder.tokenize(cached[:1]).input_ids[0])  # all cached: still counted
+
+
+def test_embeddings_dimensions_and_token_ids(tiny_api) -> None:  # type: ignore[no-untyped-def]
+    c = tiny_api.client
+    plain = c.post("/v1/embeddings", json={"input": "width check"}).json()["data"][0]["embedding"]
+    same = c.post("/v1/embeddings", json={"input": "width check", "dimensions": len(plain)})
+    assert same.status_code == 200 and same.json()["data"][0]["embedding"] == plain
+    r = c.post("/v1/embeddings", json={"input": "width check", "dimensions": len(plain) - 1})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "dimensions"
+    assert f"this view gives {len(plain)}-dimensional vectors" in r.json()["error"]["message"]
+    for ids in ([101, 2023, 102], [[101, 2023, 102]]):  # OpenAI's token-id input: not taken here
+        r = c.post("/v1/embeddings", json={"input": ids})
+        assert r.status_code == 422, (ids, r.text)
+        assert r.json()["error"]["code"] == "validation"
