@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 2) of the code that decides what is stored, quarantined, or
+# answered with which status. Slow, so not CI: a habit, run by hand after changing
+# these paths; record the survival rate and the surviving mutants judged harmless in
+# docs/reliability.md ("Mutation testing").
+#
+#   bench/mutation.sh                              every target below (hours on 2 cores)
+#   bench/mutation.sh cache/space.py               one module, with its tests
+#   MUTATION_MAX_S=900 bench/mutation.sh ...       stop after 15 minutes (what ran is reported)
+#
+# It never touches the working tree: the committed tree is copied to a temporary
+# directory (git archive HEAD), `layerbank.*` is pointed at that copy through a small
+# package of symlinks on PYTHONPATH, and mutmut mutates the copy.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY="$ROOT/.venv/bin/python"
+"$PY" -c "import mutmut" 2>/dev/null || "$ROOT/.venv/bin/pip" install -q "mutmut>=2.4,<3"
+MUTMUT="$ROOT/.venv/bin/mutmut"
+
+# module -> the fast tests that guard it (each mutant runs them, so keep them few)
+declare -A TESTS=(
+  [cache/shard.py]="tests/unit/cache/test_shard.py tests/unit/cache/test_shard_damage.py"
+  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_read_tokens_many.py"
+  [cache/space.py]="tests/unit/cache/test_disk_full_type.py tests/unit/cache/test_shard.py"
+  [cache/repair.py]="tests/unit/cache/test_repair.py"
+  [cache/leftovers.py]="tests/unit/cache/test_leftovers.py"
+  [cache/views.py]="tests/unit/cache/test_views.py"
+  [app/api/origin.py]="tests/unit/app/test_origin_guard.py"
+  [app/api/catalog_health.py]="tests/unit/app/test_failure_paths.py tests/unit/cache/test_repair.py"
+)
+TARGETS=("$@")
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(cache/space.py cache/leftovers.py cache/repair.py app/api/origin.py
+                                     cache/shard.py cache/store.py cache/views.py app/api/catalog_health.py)
+MAX_S=${MUTATION_MAX_S:-0}
+
+WORK=$(mktemp -d /tmp/lb-mutation.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+git -C "$ROOT" archive HEAD | tar -x -C "$WORK"
+mkdir -p "$WORK/.shim/layerbank"
+cp "$WORK/layerbank/__init__.py" "$WORK/.shim/layerbank/"
+for pkg in app cache workers; do ln -s "$WORK/$pkg" "$WORK/.shim/layerbank/$pkg"; done
+export PYTHONPATH="$WORK/.shim:$WORK" LAYERBANK_THREADS=1
+cd "$WORK"
+"$PY" -c "import layerbank.cache.store as s, sys; assert s.__file__.startswith('$WORK'), s.__file__"
+
+start=$(date +%s)
+for target in "${TARGETS[@]}"; do
+  tests=${TESTS[$target]:?no tests listed for $target}
+  echo "== $target (tests: $tests)"
+  rm -f .mutmut-cache
+  runner="$PY -m pytest -x -q -p no:cacheprovider -p no:randomly $tests"
+  if [ "$MAX_S" -gt 0 ]; then
+    left=$(( MAX_S - ($(date +%s) - start) ))
+    [ "$left" -le 0 ] && { echo "time is up: $target not run"; continue; }
+    timeout "$left" "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests \
+      --no-progress >/dev/null 2>&1 || true
+  else
+    "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests --no-progress \
+      >/dev/null 2>&1 || true
+  fi
+  "$MUTMUT" results 2>/dev/null | sed -n '1,200p' || true
+  for id in $("$MUTMUT" result-ids survived 2>/dev/null || true); do
+    echo "-- surviving mutant $id"
+    "$MUTMUT" show "$id" 2>/dev/null | sed -n '1,20p'
+  done
+done
