@@ -185,6 +185,9 @@ def _session(path: Path, threads: int | None) -> Any:
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # warnings about unused initializers are not the user's concern
+    # idle threads sleep rather than spin, as OMP_WAIT_POLICY=PASSIVE makes torch's do
+    # (workers/__init__.py): on shared cores a spinning thread takes its partner's CPU
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
 
 
