@@ -4,8 +4,10 @@ A cache key is ``sha256(fingerprint | extraction config | text)``. The
 fingerprint comes from the model's files (``layerbank.cache.fingerprint``);
 the config needs three things the encoder learns when it loads: the model's
 longest input, what the requested precision resolves to on this device, and
-the device itself. The encoder publishes the first two in the catalog's
-models table (``model_max_length``, ``precision_modes``, ``device``), so a
+the device itself. The encoder publishes them in the catalog's models
+table (``model_max_length``, ``precision_modes``, ``device``; on a CPU,
+``auto`` is known only from a row whose encoder measured it,
+``precision_choice``), so a
 later run can make the same config, look its texts up, and load nothing
 when every text is stored: a cached rerun of README's first command went
 from 17-29 s (torch import and weight loading first) to about a second.
@@ -64,6 +66,10 @@ def expected_config(info: dict[str, Any], *, device: str = "auto", precision: st
     dev = _device_type(device)
     model_max = info.get("model_max_length")
     if dev is None or info.get("device") != dev or not isinstance(model_max, int):
+        return None
+    if precision == "auto" and dev == "cpu" and "precision_choice" not in info:
+        # on a CPU, auto is what a calibration measured (workers/engines/choice.py); only
+        # a row registered by an encoder that applied it knows the answer
         return None
     resolved = (info.get("precision_modes") or {}).get(precision)
     if resolved is None:  # unknown mode, or not available here: the encoder says why

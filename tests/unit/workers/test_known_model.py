@@ -28,7 +28,7 @@ def _register(catalog: Catalog, enc: Encoder) -> None:
     {"max_length": 10_000},  # past the model's 64 positions: capped, as the encoder does
     {"storage_dtype": "float32"},
     {"precision": "bf16"},
-    {"precision": "auto", "max_length": 8, "storage_dtype": "float32"},
+    {"precision": "fp32", "max_length": 8, "storage_dtype": "float32"},
 ])
 def test_the_predicted_config_is_the_one_the_encoder_makes(tiny_model_dir: str, tiny_encoder: Encoder,
                                                            tmp_path: Path, opts: dict) -> None:
@@ -55,3 +55,19 @@ def test_what_cannot_be_known_without_torch_is_left_to_the_encoder(tiny_encoder:
     assert expected_config(info, device="cpu", max_length=1) is None  # a bad option: same
     info.pop("model_max_length")  # a catalog row from before the field existed
     assert expected_config(info, device="cpu") is None
+
+
+def test_cpu_auto_precision_is_known_only_from_a_measured_registration(
+        tiny_model_dir: str, tiny_encoder: Encoder, tmp_path: Path) -> None:
+    # auto is measured at load on a CPU (bf16 against fp32, stored in the data directory):
+    # a row registered without that measurement cannot say what auto resolves to
+    catalog = Catalog(tmp_path / "catalog.sqlite")
+    _register(catalog, tiny_encoder)
+    assert known_model(catalog, tiny_model_dir, tiny_encoder.fingerprint, device="cpu",
+                       precision="auto") is None
+    measured = Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path / "data")
+    _register(catalog, measured)
+    ref = known_model(catalog, tiny_model_dir, measured.fingerprint, device="cpu", precision="auto")
+    again = Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path / "data")
+    assert ref is not None and again.info["precision_choice"]["reused"]
+    assert ref.config.canonical() == measured.config.canonical() == again.config.canonical()
