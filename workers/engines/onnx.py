@@ -133,12 +133,14 @@ class OnnxEngine:
              threads: int | None = None) -> OnnxEngine:
         """Export (or reuse the cached export), open a session, check it against torch.
 
-        ``cache_dir`` None: export into a temporary directory (nothing kept).
-        ``threads``: ONNX Runtime's intra-op threads (default: torch's).
-        Raises EngineMismatch when the numbers differ beyond TOLERANCE.
+        ``cache_dir`` None: export into a temporary directory, removed once the
+        session has read it (nothing kept). ``threads``: ONNX Runtime's
+        intra-op threads (default: torch's). Raises EngineMismatch when the
+        numbers differ beyond TOLERANCE.
         """
         if cache_dir is None:
-            cache_dir = tempfile.mkdtemp(prefix="layerbank-onnx-")
+            with tempfile.TemporaryDirectory(prefix="layerbank-onnx-") as tmp:
+                return cls.open(model, fingerprint, tmp, threads)
         path = export_path(cache_dir, fingerprint)
         session = None
         if path.exists():
