@@ -9,8 +9,8 @@
 #   MUTATION_MAX_S=900 bench/mutation.sh ...       stop after 15 minutes (what ran is reported)
 #
 # It never touches the working tree: the committed tree is copied to a temporary
-# directory (git archive HEAD), `layerbank.*` is pointed at that copy through a small
-# package of symlinks on PYTHONPATH, and mutmut mutates the copy.
+# directory (git archive HEAD), `layerbank.*` is pointed at that copy (symlinks, and the
+# editable install's finder dropped), and mutmut mutates the copy.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY="$ROOT/.venv/bin/python"
@@ -36,9 +36,14 @@ MAX_S=${MUTATION_MAX_S:-0}
 WORK=$(mktemp -d /tmp/lb-mutation.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 git -C "$ROOT" archive HEAD | tar -x -C "$WORK"
-mkdir -p "$WORK/.shim/layerbank"
-cp "$WORK/layerbank/__init__.py" "$WORK/.shim/layerbank/"
-for pkg in app cache workers; do ln -s "$WORK/$pkg" "$WORK/.shim/layerbank/$pkg"; done
+# layerbank/{app,cache,workers} -> the copy's folders, as pyproject's package-dir maps them
+for pkg in app cache workers; do ln -s "../$pkg" "$WORK/layerbank/$pkg"; done
+mkdir -p "$WORK/.shim"
+# the editable install's finder would send `layerbank.*` back to $ROOT: drop it
+cat > "$WORK/.shim/sitecustomize.py" <<'PY'
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+PY
 export PYTHONPATH="$WORK/.shim:$WORK" LAYERBANK_THREADS=1
 cd "$WORK"
 "$PY" -c "import layerbank.cache.store as s, sys; assert s.__file__.startswith('$WORK'), s.__file__"
