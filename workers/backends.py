@@ -9,7 +9,7 @@ numbers, and a job re-run on either skips parts the other committed.
 
 - ``EmbeddedBackend``: this process's encoder (``layerbank.workers.extract.extract``);
   the default, no extra services.
-- ``RayBackend``: a Ray Data pipeline of encoder actors on a Ray cluster
+- ``RayBackend``: a warm pool of encoder actors on a Ray cluster
   (``layerbank.workers.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
   catalog stays here: actors write shards to the shared shard directory and
   only this process commits them.
@@ -31,12 +31,15 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from layerbank.cache.store import FeatureStore
 
 from .encoder import Encoder
 from .extract import ExtractSummary, Progress, extract
+
+if TYPE_CHECKING:
+    from .ray_pool import EncoderPool
 
 __all__ = ["BACKENDS", "EmbeddedBackend", "ExtractionBackend", "RayBackend", "make_backend"]
 
@@ -84,14 +87,19 @@ class EmbeddedBackend:
 
 
 class RayBackend:
-    """Encoder actors on a Ray cluster; shards land in the shared shard directory.
+    """A warm pool of encoder actors on a Ray cluster; shards land in the shared shard directory.
 
     ``encoder`` is the driver's copy: it makes the keys, and tells the actors
     which model and config to load (they refuse to work if theirs differ).
     ``address``: ``local``, ``auto``, ``host:port``, ``ray://host:10001`` or
-    None (Ray's own default). The connection is made on the first run and
-    kept until ``close()``. ``actors``: encoder actors (one GPU each when the
-    cluster has GPUs). ``threads``: torch threads per actor (None: all cores).
+    None (Ray's own default). ``start()`` connects and starts the pool
+    (a server's worker calls it at start-up, so the actors load the model
+    before the first job); otherwise the first run does. The actors are
+    reused by every job until ``close()``; a job at another precision gets a
+    new pool (its actors load that precision). ``actors``: pool size (one GPU
+    each when the cluster has GPUs). ``threads``: torch threads per actor
+    (None: all cores). ``last_first_batch_s``: seconds from the last job's
+    start to its first encoded batch (what a warm pool saves).
     """
 
     name = "ray"
@@ -110,22 +118,49 @@ class RayBackend:
         self.threads = threads
         self.part_size = part_size
         self.max_tokens = max_tokens
+        self.pool: EncoderPool | None = None
+        self.last_first_batch_s: float | None = None
         self._connected_here = False
+
+    def start(self, encoder: Encoder | None = None) -> EncoderPool:
+        """Connect to Ray and start the pool for ``encoder`` (default: the backend's own)."""
+        from .ray_backend import connect, encoder_spec
+        from .ray_pool import EncoderPool
+
+        self._connected_here = connect(self.address) or self._connected_here
+        spec = encoder_spec(encoder or self.encoder)
+        if self.pool is not None and self.pool.spec != spec:
+            self.pool.close()  # another precision: these actors hold the wrong weights
+            self.pool = None
+        if self.pool is None:
+            self.pool = EncoderPool(spec, self.store.shard_dir, size=self.actors,
+                                    gpus_per_actor=self.gpus_per_actor, threads=self.threads,
+                                    max_tokens=self.max_tokens)
+        self.pool.start()
+        return self.pool
+
+    def actor_pids(self) -> list[int]:
+        """The pool's actor processes (waits for actors still loading the model)."""
+        return self.start().pids()
 
     def run(self, texts: Sequence[str], job_id: str, want_tokens: bool = False,
             progress: ProgressFn | None = None, should_continue: ContinueFn | None = None,
             encoder: Encoder | None = None) -> ExtractSummary:
-        from .ray_backend import connect, extract_with_ray
+        from .ray_backend import extract_with_ray
 
-        self._connected_here = connect(self.address) or self._connected_here
-        # the actors load the model at this encoder's precision (its config travels in the spec)
-        return extract_with_ray(texts, self.store, encoder or self.encoder, job_id=job_id,
-                                want_tokens=want_tokens, part_size=self.part_size,
-                                max_tokens=self.max_tokens, actors=self.actors,
-                                gpus_per_actor=self.gpus_per_actor, threads=self.threads,
-                                progress=progress, should_continue=should_continue)
+        pool = self.start(encoder)
+        timing: dict[str, float] = {}
+        summary = extract_with_ray(texts, self.store, encoder or self.encoder, job_id=job_id,
+                                   want_tokens=want_tokens, part_size=self.part_size,
+                                   max_tokens=self.max_tokens, progress=progress,
+                                   should_continue=should_continue, pool=pool, timing=timing)
+        self.last_first_batch_s = timing.get("first_batch_s")
+        return summary
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         if self._connected_here:
             from .ray_backend import require_ray
 

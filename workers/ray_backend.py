@@ -1,21 +1,23 @@
-"""Extraction on a Ray cluster: a Ray Data pipeline of encoder actors.
+"""Extraction on a Ray cluster: a pool of encoder actors that stay warm.
 
 The driver (the API host, or the CLI) plans the job exactly as
 ``layerbank.workers.extract`` does: the job's unique texts in order of length, cut into
 parts of ``part_size``; part ``p`` becomes shard ``{job_id}-{p:05d}``. Parts
 already committed (a resubmitted job) and texts already stored are skipped.
-The parts still to do flow through ``ray.data.from_items`` into
-``map_batches`` with a pool of ``ShardEncoder`` actors (``num_gpus=1,
-num_cpus=0`` when the cluster has GPUs). Each actor encodes one part, writes
-its write-once shard straight to the shared shard directory and returns only
-metadata (name, keys, token counts, truncation flags, bytes). **Only the
-driver commits to the catalog**, so SQLite stays on the API host.
+The parts still to do go to an ``EncoderPool`` (``layerbank.workers.ray_pool``)
+of ``ShardEncoder`` actors (``num_gpus=1, num_cpus=0`` when the cluster has
+GPUs). A server's worker starts its pool once and keeps it across jobs
+(``RayBackend.start``); ``extract_with_ray`` without a pool starts one for
+the call. Each actor encodes one part, writes its write-once shard straight
+to the shared shard directory and returns only metadata (name, keys, token
+counts, truncation flags, bytes). **Only the driver commits to the
+catalog**, so SQLite stays on the API host.
 
-Failure semantics (see docs/operations.md): Ray restarts a dead actor and
-retries its batch; the retry writes the same shard name, so a key is never
-stored twice. A part whose shard was written but not committed is written
-again by the next run and its file replaced. Ray is imported lazily: without
-the extra, calling this says ``pip install 'layerbank[ray]'``.
+Failure semantics (see docs/operations.md): the pool replaces a dead actor
+and re-queues its parts; the retry writes the same shard name, so a key is
+never stored twice. A part whose shard was written but not committed is
+written again by the next run and its file replaced. Ray is imported
+lazily: without the extra, calling this says ``pip install 'layerbank[ray]'``.
 
 Example::
 
@@ -25,9 +27,8 @@ Example::
 
 from __future__ import annotations
 
-import json
+import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -36,8 +37,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from layerbank.cache.fingerprint import default_model_path
 from layerbank.cache.keys import text_key
 from layerbank.cache.shard import ShardContents, fsync_dir, write_shard
@@ -45,6 +44,7 @@ from layerbank.cache.store import FeatureStore
 
 from .encoder import Encoder
 from .extract import ExtractSummary, Progress, Stopped, _encode_part, plan_parts
+from .ray_pool import EncoderPool, PoolError
 
 __all__ = [
     "INSTALL_HINT",
@@ -52,11 +52,13 @@ __all__ = [
     "RayUnavailable",
     "ShardEncoder",
     "connect",
+    "encoder_spec",
     "extract_with_ray",
     "require_ray",
 ]
 
 INSTALL_HINT = "pip install 'layerbank[ray]'"
+log = logging.getLogger("layerbank.ray")
 _TICK_S = 1.0  # the driver calls progress/should_continue at least this often (lease heartbeats)
 
 
@@ -72,9 +74,8 @@ def require_ray() -> Any:
     """The ``ray`` module, or ``RayUnavailable`` naming the extra to install."""
     try:
         import ray
-        import ray.data
     except ImportError as e:
-        raise RayUnavailable(f"the Ray backend needs Ray Data: {INSTALL_HINT}") from e
+        raise RayUnavailable(f"the Ray backend needs Ray: {INSTALL_HINT}") from e
     return ray
 
 
@@ -100,24 +101,24 @@ def connect(address: str | None) -> bool:
 
 
 class ShardEncoder:
-    """A Ray Data actor: loads the encoder once, turns parts into shards.
+    """A Ray actor: loads the encoder once, then turns part after part into shards.
 
-    ``__call__`` gets a batch of parts (a pyarrow table: ``name``, ``keys``,
-    ``texts``), checks the texts against their keys, writes one shard per part
-    under ``shard_dir`` and returns one JSON metadata string per part in
-    column ``meta``. The shard is written under a name unique to this attempt
-    and then renamed onto ``{name}.h5``, so a writer that outlives its retry
-    (a partitioned node) can never interleave bytes with it.
+    ``encode(name, keys, texts, want_tokens)`` checks the texts against
+    their keys, writes the part's shard under ``shard_dir`` and returns its
+    metadata. The shard is written under a name unique to this attempt and
+    then renamed onto ``{name}.h5``, so a writer that outlives its retry (a
+    partitioned node) can never interleave bytes with it. ``pid()`` answers
+    once the model is loaded (the pool's readiness check).
 
     ``fault`` is for tests only (users never pass it):
     ``{"die_once": marker_path}`` makes the first actor that finds no marker
-    write its pid there and ``os._exit`` in the middle of its batch, after the
+    write its pid there and ``os._exit`` in the middle of its part, after the
     shard file is on disk but before returning; ``{"announce_dir": d,
     "pause_s": "0.5"}`` makes every part first touch ``d/<part>@<node id>``
-    and then sleep, so a test can remove a node while it is mid-batch.
+    and then sleep, so a test can remove a node while it is mid-part.
     """
 
-    def __init__(self, spec: dict[str, Any], shard_dir: str, want_tokens: bool, max_tokens: int | None,
+    def __init__(self, spec: dict[str, Any], shard_dir: str, max_tokens: int | None,
                  threads: int | None = None, fault: dict[str, str] | None = None) -> None:
         from .encoder import set_threads
 
@@ -134,42 +135,45 @@ class ShardEncoder:
                                f"{(spec['fingerprint'], spec['config'])}; install the same model "
                                "on every node")
         self.shard_dir = Path(shard_dir)
-        self.want_tokens = want_tokens
         self.max_tokens = max_tokens
         self.fault = fault or {}
 
-    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def encode(self, name: str, keys: list[str], texts: list[str], want_tokens: bool) -> dict[str, Any]:
         import ray
 
         node = ray.get_runtime_context().get_node_id()
-        metas = []
         cfg = self.encoder.config
         canonical = cfg.canonical()
-        # pyarrow batches: to_pylist gives back the exact strings (numpy's fixed-width
-        # unicode would drop trailing NUL characters)
-        for name, keys, texts in zip(*(batch.column(c).to_pylist() for c in ("name", "keys", "texts"))):
-            t0 = time.perf_counter()
-            self._maybe_pause(name, node)
-            # the driver made the keys: check that these are the texts they were made from
-            if [text_key(self.encoder.fingerprint, canonical, t) for t in texts] != keys:
-                raise RuntimeError(f"part {name}: texts changed on their way to the actor")
-            enc = _encode_part(self.encoder, texts, self.want_tokens, self.max_tokens,
-                               Progress(0, len(texts), 0, 0.0), t0, None, None)
-            contents = ShardContents(keys, enc.n_tokens, enc.truncated, enc.pooled, enc.tokens,
-                                     attrs={"model_fingerprint": self.encoder.fingerprint,
-                                            "extraction_config": cfg.canonical()})
-            final = self.shard_dir / f"{name}.h5"
-            attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
-            n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
-            os.replace(attempt, final)
-            fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
-            self._maybe_die()
-            metas.append(json.dumps({
-                "name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
+        t0 = time.perf_counter()
+        self._maybe_pause(name, node)
+        # the driver made the keys: check that these are the texts they were made from
+        if [text_key(self.encoder.fingerprint, canonical, t) for t in texts] != keys:
+            raise RuntimeError(f"part {name}: texts changed on their way to the actor")
+        first_batch_at: list[float] = []
+
+        def on_batch(_: Progress) -> None:
+            if not first_batch_at:
+                first_batch_at.append(time.time())  # wall clock: the driver compares it with its own
+
+        enc = _encode_part(self.encoder, texts, want_tokens, self.max_tokens,
+                           Progress(0, len(texts), 0, 0.0), t0, on_batch, None)
+        contents = ShardContents(keys, enc.n_tokens, enc.truncated, enc.pooled, enc.tokens,
+                                 attrs={"model_fingerprint": self.encoder.fingerprint,
+                                        "extraction_config": canonical})
+        final = self.shard_dir / f"{name}.h5"
+        attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
+        n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
+        os.replace(attempt, final)
+        fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
+        self._maybe_die()
+        return {"name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
                 "truncated": enc.truncated.tolist(), "n_bytes": n_bytes, "poolings": list(enc.pooled),
-                "fingerprint": self.encoder.fingerprint, "config": cfg.canonical(),
-                "node": node, "pid": os.getpid(), "seconds": time.perf_counter() - t0}))
-        return {"meta": np.array(metas, dtype=object)}
+                "fingerprint": self.encoder.fingerprint, "config": canonical,
+                "node": node, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
+                "first_batch_at": first_batch_at[0] if first_batch_at else time.time()}
 
     def _maybe_pause(self, name: str, node: str) -> None:
         if "announce_dir" in self.fault:
@@ -190,7 +194,7 @@ class ShardEncoder:
 
 
 
-def _encoder_spec(encoder: Encoder) -> dict[str, Any]:
+def encoder_spec(encoder: Encoder) -> dict[str, Any]:
     cfg = encoder.config
     # the bundled model lives in site-packages, whose path may differ per node
     model = None if encoder.name == default_model_path() else encoder.name
@@ -206,16 +210,21 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                      threads: int | None = None,
                      progress: Callable[[Progress], None] | None = None,
                      should_continue: Callable[[], bool] | None = None,
-                     fault: dict[str, str] | None = None) -> ExtractSummary:
+                     fault: dict[str, str] | None = None, pool: EncoderPool | None = None,
+                     timing: dict[str, float] | None = None) -> ExtractSummary:
     """Encode the texts not yet stored on a Ray cluster; commit shards here.
 
     Same parts, shard names and numbers as ``layerbank.workers.extract.extract``.
-    ``gpus_per_actor``: None = 1 when the cluster has GPUs, else 0 (CPU actors
-    with ``num_cpus=1``). ``threads``: torch threads per actor. ``fault``:
-    tests only (see ``ShardEncoder``).
+    ``pool``: warm actors to use (a server's worker keeps one; its encoder
+    spec must be this encoder's); None starts ``actors`` actors for this
+    call and stops them after. ``gpus_per_actor``: None = 1 when the cluster
+    has GPUs, else 0 (CPU actors with ``num_cpus=1``). ``threads``: torch
+    threads per actor. ``fault``: tests only (see ``ShardEncoder``).
+    ``timing`` (filled in if given): ``first_batch_s``, seconds from this
+    call to the end of the first encoder batch on an actor.
     """
     require_ray()  # say what to install before any work, even if all texts turn out stored
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     # the same parts and shard names as the embedded backend
     plan = plan_parts(texts, store, encoder, job_id=job_id, part_size=part_size,
                       want_tokens=want_tokens)
@@ -233,10 +242,20 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
         if should_continue is not None and not should_continue():
             raise Stopped(f"job {job_id} stopped before it started")
         started = connect(address)
+        own = pool is None
+        if pool is None:
+            pool = EncoderPool(encoder_spec(encoder), store.shard_dir, size=min(actors, len(todo)),
+                               gpus_per_actor=gpus_per_actor, threads=threads,
+                               max_tokens=max_tokens, fault=fault)
+        elif pool.spec != encoder_spec(encoder):
+            raise ValueError("this pool's actors hold another encoder than the job's")
         try:
             expected = {t["name"]: t["keys"] for t in todo}
-            for meta in _run(todo, store, encoder, want_tokens, max_tokens, actors, gpus_per_actor,
-                             threads, fault, progress, should_continue, prog, t0):
+            for meta in _run(pool, todo, want_tokens, progress, should_continue, prog, t0):
+                if timing is not None and "first_batch_s" not in timing:
+                    timing["first_batch_s"] = max(0.0, float(meta["first_batch_at"]) - t0_wall)
+                    log.info("job %s: first batch encoded %.2f s after the job started", job_id,
+                             timing["first_batch_s"])
                 _commit(store, meta, expected, want_tokens)
                 summary.bytes_written += int(meta["n_bytes"])
                 summary.shards_written += 1
@@ -249,6 +268,8 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                 if progress:
                     progress(prog)
         finally:
+            if own:
+                pool.close()
             if started:
                 require_ray().shutdown()
     summary.seconds = time.perf_counter() - t0
@@ -265,67 +286,25 @@ def _commit(store: FeatureStore, meta: dict[str, Any], expected: dict[str, list[
                                n_bytes=int(meta["n_bytes"]), poolings=meta["poolings"])
 
 
-def _run(todo: list[dict[str, Any]], store: FeatureStore, encoder: Encoder, want_tokens: bool,
-         max_tokens: int, actors: int, gpus_per_actor: float | None, threads: int | None,
-         fault: dict[str, str] | None, progress: Callable[[Progress], None] | None,
-         should_continue: Callable[[], bool] | None, prog: Progress,
-         t0: float) -> Iterator[dict[str, Any]]:
-    """Run the pipeline; yield each part's metadata as its shard lands.
+def _run(pool: EncoderPool, todo: list[dict[str, Any]], want_tokens: bool,
+         progress: Callable[[Progress], None] | None, should_continue: Callable[[], bool] | None,
+         prog: Progress, t0: float) -> Iterator[dict[str, Any]]:
+    """The pool's results, with progress and ``should_continue`` every ``_TICK_S``.
 
-    Ray is iterated on a helper thread so this thread can report progress
-    and ask ``should_continue`` every ``_TICK_S`` even while a long part is
-    encoding: that is what keeps a worker's lease alive.
+    The ticks come even while a long part is encoding: that is what keeps a
+    worker's lease alive.
     """
-    ray = require_ray()
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    # an actor that dies while loading the model (its node went away) is replaced, up to
-    # 3 times in a row; a model that cannot load anywhere still fails the job quickly
-    if 0 <= ctx.max_consecutive_actor_init_deaths < 3:
-        ctx.max_consecutive_actor_init_deaths = 3
-    if gpus_per_actor is None:
-        gpus_per_actor = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
-    ds = ray.data.from_items(todo, override_num_blocks=len(todo))
-    ds = ds.map_batches(
-        ShardEncoder, batch_size=1, batch_format="pyarrow",
-        fn_constructor_kwargs={"spec": _encoder_spec(encoder), "shard_dir": str(store.shard_dir),
-                               "want_tokens": want_tokens, "max_tokens": max_tokens,
-                               "threads": threads, "fault": fault},
-        compute=ray.data.ActorPoolStrategy(size=min(actors, len(todo))),
-        # a GPU actor reserves no CPU, so a node's CPUs stay free for Ray Data's own tasks
-        num_gpus=gpus_per_actor, num_cpus=0 if gpus_per_actor else 1)
-    out: queue.Queue[tuple[str, Any]] = queue.Queue()
-    stop = threading.Event()
-
-    def pump() -> None:
-        try:
-            for row in ds.iter_rows():
-                out.put(("meta", json.loads(row["meta"])))
-                if stop.is_set():
-                    return  # leaving the loop closes the iterator and stops the pipeline
-            out.put(("done", None))
-        except BaseException as e:  # noqa: BLE001  (re-raised on the driver thread)
-            out.put(("error", e))
-
-    thread = threading.Thread(target=pump, name="layerbank-ray-pump", daemon=True)
-    thread.start()
     try:
-        while True:
-            try:
-                kind, value = out.get(timeout=_TICK_S)
-            except queue.Empty:
+        for meta in pool.run(todo, want_tokens, tick_s=_TICK_S):
+            if meta is None:
                 prog.seconds = time.perf_counter() - t0
                 if progress:
                     progress(prog)
                 if should_continue is not None and not should_continue():
-                    raise Stopped(f"stopped after {prog.done} of {prog.total} texts") from None
+                    raise Stopped(f"stopped after {prog.done} of {prog.total} texts")
                 continue
-            if kind == "done":
-                return
-            if kind == "error":
-                raise RayExtractionError(f"Ray extraction failed: {value}") from value
-            yield value
+            yield meta
             if should_continue is not None and not should_continue():
                 raise Stopped(f"stopped after {prog.done} of {prog.total} texts")
-    finally:
-        stop.set()
+    except PoolError as e:
+        raise RayExtractionError(f"Ray extraction failed: {e}") from e

@@ -78,14 +78,16 @@ def run(args: argparse.Namespace) -> int:
     store = FeatureStore(settings.data_dir)
     store.catalog.register_model(encoder.fingerprint, encoder.name,
                                  {**encoder.info, "config": encoder.config.canonical()})
-    from layerbank.workers.backends import make_backend
+    from layerbank.workers.backends import RayBackend, make_backend
     from layerbank.workers.ray_backend import RayUnavailable
 
     try:
         backend = make_backend(settings.backend, store, encoder, part_size=settings.part_size,
                                max_tokens=settings.max_tokens_per_batch,
                                ray_address=settings.ray_address, ray_actors=settings.ray_actors)
-    except RayUnavailable as e:
+        if isinstance(backend, RayBackend):
+            backend.start()  # the actors load the model now and stay warm for every job
+    except (RayUnavailable, ConnectionError) as e:
         print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
         return FATAL_EXIT
     worker = Worker(store, encoder, WorkerOptions(
