@@ -371,8 +371,16 @@ def test_compare_two_probes_on_one_chart(page: Any, lab: dict[str, Any]) -> None
 def test_home_lists_everything_and_the_pages_fit_a_phone(page: Any, lab: dict[str, Any],
                                                          browser: Any) -> None:
     s: ServerProcess = lab["server"]
+    # a job still running when home opens: its row follows it to the end without a reload
+    job = s.post("/v1/probes", json={"dataset": lab["dataset"], "views": ["each_layer"], "poolings": ["cls"],
+                                     "cv": 5, "control_task": False, "learning_curve": False}).json()
     _open(page, lab, "/", ready=False)
     page.wait_for_selector(f"a[href='/lab/probes/{lab['probe']}']")
+    row = f"#jobs tr[data-job='{job['id']}']"
+    assert page.get_attribute(row, "data-state") in ("queued", "running")
+    page.wait_for_selector(f"{row}[data-state=succeeded]", timeout=T)
+    assert page.inner_text(f"{row} .progress-pct") == "100%"
+    assert s.get(f"/v1/jobs/{job['id']}").json()["state"] == "succeeded"
     info = s.get("/info").json()
     main = page.inner_text("main")
     assert info["model"]["name"] in main and "API documentation" in main

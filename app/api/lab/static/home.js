@@ -1,7 +1,7 @@
 // Home: the served model, the store, jobs with live progress, and every dataset,
 // probe, head and regimes job, each a link to its own page.
 import { api, parseMetrics } from "./api.js";
-import { h, page, section, fmt, dl, progressBar, sortableTable, sleep, guard } from "./ui.js";
+import { h, page, section, fmt, dl, progressBar, sortableTable, sleep } from "./ui.js";
 
 const ACTIVE = ["queued", "running"];
 
@@ -84,8 +84,15 @@ export async function homePage() {
   let list = jobs.data;
   while (list.some((j) => ACTIVE.includes(j.state))) {
     await sleep(1000);
+    const before = list.map((j) => j.id).join();
     list = (await api("/v1/jobs?limit=50")).data;
-    jobsBox.replaceChildren(jobsTable(list));
+    if (list.map((j) => j.id).join() !== before) {
+      jobsBox.replaceChildren(jobsTable(list));  // a new job: the whole table
+      continue;
+    }
+    for (const j of list) {  // the same jobs: only their progress cells, so sorting and focus stay
+      const row = jobsBox.querySelector(`tr[data-job="${j.id}"]`);
+      if (row) { row.dataset.state = j.state; row.cells[2].replaceChildren(progressBar(j)); }
+    }
   }
 }
-export { guard };
