@@ -90,3 +90,33 @@ def test_embeddings_dimensions_and_token_ids(tiny_api) -> None:  # type: ignore[
         r = c.post("/v1/embeddings", json={"input": ids})
         assert r.status_code == 422, (ids, r.text)
         assert r.json()["error"]["code"] == "validation"
+
+
+DOCUMENTED_METRICS = [  # docs/api.md, "Operations"
+    "layerbank_request_seconds", "layerbank_cache_hits_total", "layerbank_cache_misses_total",
+    "layerbank_tokens_computed_total", "layerbank_texts_extracted_total", "layerbank_tokens_extracted_total",
+    "layerbank_queue_depth", "layerbank_jobs", "layerbank_quarantined_shards_total",
+    "layerbank_encode_batch_texts_total", "layerbank_encode_batches_total", "layerbank_store_keys",
+    "layerbank_row_cache_rows", "layerbank_worker_restarts_total", "layerbank_workers_live"]
+
+
+def test_every_documented_metric_series_is_exported(tiny_api) -> None:  # type: ignore[no-untyped-def]
+    c = tiny_api.client
+    assert c.post("/v1/features", json={"texts": ["count me", "and me"]}).status_code == 200
+    text = c.get("/metrics").text
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    names = {n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in names}
+    missing = [m for m in DOCUMENTED_METRICS if m not in names]
+    assert not missing, (missing, sorted(names))
+    hits = [line for line in text.splitlines() if line.startswith("layerbank_cache_misses_total")]
+    assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2  # the two misses above were counted
+
+
+def test_a_request_the_encoder_never_answers_is_a_504(tiny_api) -> None:  # type: ignore[no-untyped-def]
+    tiny_api.worker.stop()  # its liveness record stays fresh for a while: the server still looks ready
+    state = tiny_api.client.app.state.layerbank
+    state.batcher.timeout_s = 0.5
+    r = tiny_api.client.post("/v1/features", json={"texts": ["nobody will encode this"]})
+    assert r.status_code == 504, r.text
+    body = r.json()
+    assert body["type"] == "timeout" and body["error"].startswith("the encoder did not answer within"), body
