@@ -42,8 +42,10 @@ class Run:
 
 def layerbank(*args: str, cwd: Path, data_dir: Path, **env_extra: str) -> Run:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LAYERBANK_", "HF_"))}
+    # engine torch as in the rest of the suite: auto times ONNX against torch on a fresh
+    # data directory's first run (tests/integration/test_engines.py covers that)
     env.update({"LAYERBANK_THREADS": "1", "LAYERBANK_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1",
-                **env_extra})
+                "LAYERBANK_ENGINE": "torch", **env_extra})
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "layerbank.app.cli.main", *args],
                        cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False)

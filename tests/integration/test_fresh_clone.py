@@ -48,7 +48,9 @@ def test_readme_first_command_on_a_fresh_clone(tmp_path: Path) -> None:
         command = command.split("&&", 1)[1].strip()
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
-    env.update(LAYERBANK_THREADS="1", HF_HUB_OFFLINE="1")
+    # engine torch as in the rest of the suite: auto would time ONNX against torch on the first
+    # run (tests/integration/test_engines.py covers it); the command itself is unchanged
+    env.update(LAYERBANK_THREADS="1", HF_HUB_OFFLINE="1", LAYERBANK_ENGINE="torch")
 
     def run() -> str:
         r = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True,
