@@ -387,7 +387,9 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
     for spec, scores in zip(specs, all_scores):
         control = scores["accuracy"]["mean"]
         control_f1 = scores["macro_f1"]["mean"]
-        code = codelength(_features(spec, states), y_control) if codelength else None
+        # a learnt mix has no fixed features to code with (as in the sweep)
+        coded = codelength is not None and spec != "scalar_mix"
+        code = codelength(_features(spec, states), y_control) if coded else None
         rows.append({"view": spec, "pooling": best["pooling"], "layer": single_layer(spec, states.shape[1]),
                      "task_accuracy": task[spec], "control_accuracy": control,
                      "control_accuracy_std": scores["accuracy"]["std"],

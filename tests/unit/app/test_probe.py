@@ -176,3 +176,14 @@ def test_input_errors_say_what_is_wrong(labels: Any, kwargs: dict[str, Any], mes
     states, _ = synthetic(n=30)
     with pytest.raises(ProbeInputError, match=message):
         run_probe(states.__getitem__, labels, **({"views": ["each_layer"]} | kwargs))
+
+
+def test_a_scalar_mix_that_wins_gets_a_control_task_but_no_codelength() -> None:
+    # the mix is the only view, so it is the best: its control runs, MDL has no fixed features to code
+    states, labels = synthetic(n=120)
+    result = run_probe(states.__getitem__, labels, views=["scalar_mix"], poolings=["mean"], cv=3,
+                       learning_curve=False)
+    assert result["best"]["view"] == "scalar_mix" and result["results"][0]["mdl"] is None
+    control = result["control_task"]["best"]
+    assert control["view"] == "scalar_mix" and control["control_compression"] is None
+    assert abs(control["control_accuracy"] - 0.5) < 0.2
