@@ -39,6 +39,7 @@ def test_stored_texts_are_answered_with_the_encoders_rows(tiny_model_dir: str, t
         res = sf.read_view(TEXTS, parse_view("layer:-1"), "mean")
         assert res is not None and np.array_equal(res.data, expected)
         assert sf.all_stored(TEXTS + ["never seen"]) is None
+        assert sf.all_stored(TEXTS, want_tokens=True) is None  # stored without token states
 
 
 def test_rows_stored_without_a_pooling_of_the_setting_are_not_answered(
