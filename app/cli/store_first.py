@@ -31,7 +31,7 @@ from typing import Any
 
 from layerbank.app.api.settings import Settings
 from layerbank.app.cli.common import fail
-from layerbank.cache.lock import DataDirBusy, DataDirLock
+from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import View
 from layerbank.workers.extract import ExtractSummary
@@ -64,11 +64,10 @@ class StoreFirst:
 
     @classmethod
     def open(cls, settings: Settings, source: ModelSource) -> "StoreFirst":
-        lock = DataDirLock(settings.data_dir)
         try:
-            lock.acquire()
-        except DataDirBusy as e:  # the same words as LocalExtractor's
-            fail(f"{e} (while a server runs, send work to its API)")
+            lock = hold_data_dir(settings.data_dir)
+        except RuntimeError as e:  # a server holds it: the words LocalExtractor and Bank use
+            fail(str(e))
             raise
         try:
             store = FeatureStore(settings.data_dir, clean=True)

@@ -191,3 +191,16 @@ def test_a_model_that_cannot_be_had_fails_at_once_in_one_line(tmp_path: Path, of
     for how in ("--model /path/to/model", "HF_HOME", "HF_HUB_OFFLINE=1"):
         assert how in line
     assert not HEAVY & r.imported
+
+
+def test_a_data_directory_held_by_a_server_is_refused_in_one_line(tmp_path: Path) -> None:
+    from layerbank.cache.lock import DataDirLock
+
+    with DataDirLock(tmp_path / "data"):  # as `layerbank serve` holds it
+        r = layerbank("extract", str(SAMPLE), "--text-column", "sentence", cwd=tmp_path,
+                      data_dir=tmp_path / "data")
+    assert r.code == 2
+    holder = f"data directory {tmp_path / 'data'} is in use by pid {os.getpid()}"
+    assert r.stderr == [f"layerbank: error: {holder}; stop it or choose another --data-dir "
+                        "(while a server runs, send work to its API)"]
+    assert not HEAVY & r.imported
