@@ -24,6 +24,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -89,30 +91,33 @@ def _machine(enc: Encoder, **extra: str) -> dict[str, str]:
 
 def choose_engine(enc: Encoder, data_dir: str | os.PathLike[str] | None,
                   measure: Callable[[], dict[str, float]] | None = None) -> tuple[Encoder, Measured]:
-    """``enc`` on ONNX Runtime or torch, whichever measured faster (fp32 on a CPU)."""
-    import dataclasses
+    """``enc`` on ONNX Runtime or torch, whichever measured faster (fp32 on a CPU).
 
+    With a stored decision for torch, ONNX Runtime is not even opened.
+    """
     import onnxruntime as ort
 
     from .onnx import OnnxEngine
 
-    onnx_enc = dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
-    batches = sample_batches(enc)
-    timed = measure or (lambda: time_alternating({"torch": _encode_all(enc, batches),
-                                                  "onnx": _encode_all(onnx_enc, batches)}))
+    @functools.cache
+    def onnx_enc() -> Encoder:
+        return dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
+
+    def timed() -> dict[str, float]:
+        batches = sample_batches(enc)
+        return time_alternating({"torch": _encode_all(enc, batches), "onnx": _encode_all(onnx_enc(), batches)})
+
     found = measured_choice(data_dir, "engine", _machine(enc, onnxruntime=ort.__version__),
-                            timed, pick_engine)
-    chosen = onnx_enc if found.choice == "onnx" else enc
-    return chosen, found
+                            measure or timed, pick_engine)
+    return (onnx_enc() if found.choice == "onnx" else enc), found
 
 
 def choose_precision(enc: Encoder, data_dir: str | os.PathLike[str] | None,
                      measure: Callable[[], dict[str, float]] | None = None) -> Measured:
     """fp32 (on ``enc``'s engine) or bf16, by measurement; ``enc`` computes in fp32."""
-    bf16 = enc.with_precision("bf16")
-    batches = sample_batches(enc)
 
     def timed() -> dict[str, float]:
+        bf16, batches = enc.with_precision("bf16"), sample_batches(enc)
         fp32_rows, bf16_rows = _encode_all(enc, batches)(), _encode_all(bf16, batches)()
         worst = max(float((np.linalg.norm(b - a, axis=-1) / np.maximum(np.linalg.norm(a, axis=-1), 1e-12)).max())
                     for a, b in zip(fp32_rows, bf16_rows))
@@ -139,8 +144,6 @@ def apply_choices(enc: Encoder, *, engine: str, precision: str,
         try:
             if engine == "onnx":
                 from .onnx import OnnxEngine
-
-                import dataclasses
 
                 enc = dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
                 info["engine_choice"] = {"chosen": "onnx", "reason": "asked for"}
