@@ -10,7 +10,15 @@ per second of:
     file order, ``output_hidden_states=True``, mask-aware mean pooling of
     every hidden state, copied to the host;
 (c) ``sentence-transformers``: ``SentenceTransformer(model_dir).encode(...,
-    output_value="token_embeddings")`` (batch 32), the same model directory.
+    output_value="token_embeddings")`` (batch 32), the same model directory;
+and issue 18's rows (fp32, CPU; bench/engine_peers.py):
+(d) ``hf-sorted``: the plain loop with texts sorted by length first;
+(e) ``layerbank onnx``: (a) with the ONNX Runtime engine (workers/engines/onnx.py);
+(f) ``layerbank oneDNN``: (a) with every ``nn.Linear`` sent through oneDNN;
+(g) ``layerbank compile``: (a) on ``torch.compile(dynamic=True)`` (``--no-compile`` skips it).
+Targets of issue 18: (e)/(a) >= 1.8 and (e)/(d) >= 1.7. The fp32 compute bound
+is taken against the fastest of torch's BLAS, oneDNN and ONNX Runtime on the
+model's matrix shapes, each printed.
 
 Targets: (a)/(b) >= 1.7 and (a)/(c) >= 1.1. The runs alternate (a b c a b c
 ...) and each keeps its best round, because the machine is shared. Also
@@ -57,6 +65,7 @@ from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder, set_threads
 from layerbank.workers.extract import extract
 from layerbank.workers.precision import autocast_dtype
+from engine_peers import matmul_bounds, onednn_linear, sorted_loop_run
 
 import numpy as np
 import torch
@@ -146,6 +155,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, help="token budget per batch (default: extract's)")
     p.add_argument("--rss-texts", type=int, default=10_000, help="texts for the memory run; 0: skip")
     p.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (compiles for ~20 s+)")
+    p.add_argument("--no-peers", action="store_true", help="skip issue 18's rows (d)-(g)")
     p.add_argument("--json", default=str(ROOT / "bench" / "out" / "extract.json"))
     p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -179,16 +190,46 @@ def main() -> None:
                                               int(enc0.config.max_length or 512))
     if not args.no_st:
         runs["sentence-transformers fp32"] = st_run(texts, model_dir, device, real)
+    compile_seconds = None
+    if "fp32" in precisions and device.type == "cpu" and not args.no_peers:
+        max_len = int(enc0.config.max_length or 512)
+        runs["hf-sorted fp32"] = sorted_loop_run(texts, hf_model, hf_tok, real, max_len)
+        onnx_dir = tempfile.mkdtemp(prefix="bench-onnx-")  # the export, as a data dir would keep it
+        runs["layerbank onnx fp32"] = time_extraction(
+            texts, Encoder.load(model_dir, device="cpu", precision="fp32", engine="onnx", data_dir=onnx_dir),
+            real, args.max_tokens)
+        dnn_enc = Encoder.load(model_dir, device="cpu", precision="fp32")
+        dnn_inner = time_extraction(texts, dnn_enc, real, args.max_tokens)
+
+        def dnn_run() -> dict[str, Any]:
+            with onednn_linear(dnn_enc.model):
+                return dnn_inner()
+        runs["layerbank oneDNN fp32"] = dnn_run
+        if not args.no_compile:
+            comp_enc = Encoder.load(model_dir, device="cpu", precision="fp32")
+            comp_enc.model = torch.compile(comp_enc.model, dynamic=True)
+            t0 = time.perf_counter()
+            comp_enc.encode(comp_enc.tokenize(texts[:8]))
+            comp_enc.encode(comp_enc.tokenize(texts[8:40]))  # a second shape: the dynamic graph
+            compile_seconds = time.perf_counter() - t0
+            print(f"torch.compile(dynamic=True): {compile_seconds:.1f} s to compile before timing")
+            runs["layerbank compile fp32"] = time_extraction(texts, comp_enc, real, args.max_tokens)
 
     # the compute bound, measured now: before the runs and after, best kept
     d, dff, n_layers = int(cfg.hidden_size), int(cfg.intermediate_size), int(cfg.num_hidden_layers)
     flops = sum(bert_flops_per_text(t, d, dff, n_layers) for t in lengths)
     peak: dict[str, float] = {}
 
+    libraries: dict[str, float] = {}
+
     def measure_peak() -> None:
         for prec in precisions:
             dt = autocast_dtype(prec) or torch.float32
             f = matmul_flops_per_second(d, dff, device=args.device, dtype=dt)
+            if prec == "fp32" and device.type == "cpu":  # the fastest library, not torch's BLAS alone
+                for lib, v in matmul_bounds(d, dff).items():
+                    libraries[lib] = max(libraries.get(lib, 0.0), v)
+                f = max(f, *libraries.values())
             peak[prec] = max(peak.get(prec, 0.0), f)
 
     measure_peak()
@@ -196,12 +237,16 @@ def main() -> None:
     best = alternate(runs, args.rounds)
     measure_peak()
 
-    print("\nresults (real tokens per second, best round):")
+    if libraries:
+        print("\nfp32 matrix products of the model's shapes, best of each library (GFLOP/s): " + ", ".join(
+            f"{lib} {v / 1e9:,.0f}" for lib, v in libraries.items()) + "; the bound below uses the fastest")
+    print("\nresults (real tokens per second, best round; vs layerbank = over layerbank fp32):")
+    base_tps = best[f"layerbank {precisions[0]}"]["tokens_per_second"]
     for name, r in best.items():
         prec = name.rsplit(" ", 1)[1]
         bound = real / (flops / peak[prec])
         r["compute_bound_fraction"] = r["tokens_per_second"] / bound
-        print(f"  {name:<28} {r['tokens_per_second']:>10,.0f} tok/s   "
+        print(f"  {name:<28} {r['tokens_per_second']:>10,.0f} tok/s   {r['tokens_per_second'] / base_tps:5.2f}x   "
               f"{r['compute_bound_fraction']:.0%} of the {prec} matmul bound ({bound:,.0f} tok/s)")
     ratios: dict[str, float] = {}
     for prec in precisions:
@@ -210,6 +255,10 @@ def main() -> None:
         if not args.no_st and prec == "fp32":
             ratios["layerbank/sentence-transformers fp32"] = (
                 a / best["sentence-transformers fp32"]["tokens_per_second"])
+    if "layerbank onnx fp32" in best:  # issue 18's targets: >= 1.8 and >= 1.7
+        onnx_tps = best["layerbank onnx fp32"]["tokens_per_second"]
+        ratios["layerbank onnx/layerbank fp32"] = onnx_tps / best["layerbank fp32"]["tokens_per_second"]
+        ratios["layerbank onnx/hf-sorted fp32"] = onnx_tps / best["hf-sorted fp32"]["tokens_per_second"]
     if len(precisions) > 1:
         base = best[f"layerbank {precisions[0]}"]["tokens_per_second"]
         for prec in precisions[1:]:
@@ -220,11 +269,15 @@ def main() -> None:
     cpu_ratios = {}
     for prec in precisions:
         cpu_ratios[f"layerbank/hf-loop {prec}"] = cpu_med[f"layerbank {prec}"] / cpu_med[f"hf-loop {prec}"]
+    if "layerbank onnx fp32" in cpu_med:
+        cpu_ratios["layerbank onnx/layerbank fp32"] = cpu_med["layerbank onnx fp32"] / cpu_med["layerbank fp32"]
+        cpu_ratios["layerbank onnx/hf-sorted fp32"] = cpu_med["layerbank onnx fp32"] / cpu_med["hf-sorted fp32"]
     if not args.no_st and "fp32" in precisions:
         cpu_ratios["layerbank/sentence-transformers fp32"] = (
             cpu_med["layerbank fp32"] / cpu_med["sentence-transformers fp32"])
     print("\nratios of the best rounds' tokens/s (targets: layerbank/hf-loop >= 1.7, "
-          "layerbank/sentence-transformers >= 1.1), and of the median tokens per CPU-second:")
+          "layerbank/sentence-transformers >= 1.1, layerbank onnx/layerbank fp32 >= 1.8, "
+          "layerbank onnx/hf-sorted >= 1.7), and of the median tokens per CPU-second:")
     for k, v in ratios.items():
         extra = f"   per CPU-second {cpu_ratios[k]:.2f}" if k in cpu_ratios else ""
         print(f"  {k:<40} {v:.2f}{extra}")
@@ -261,6 +314,8 @@ def main() -> None:
               f"({rss['tokens'] / rss['seconds']:,.0f} tok/s), {rss['shards']} shards")
     write_json(args.json, {"texts": len(texts), "real_tokens": real, "environment": environment(),
                            "flops": flops, "matmul_flops_per_second": peak, "best": best,
+                           "matmul_flops_per_second_fp32_by_library": libraries,
+                           "compile_seconds": compile_seconds,
                            "ratios": ratios, "cpu_second_ratios": cpu_ratios, "rss": rss, "data": args.data, "model": model_dir,
                            "lengths_mean": float(np.mean(lengths))})
 
