@@ -101,7 +101,8 @@ def main() -> None:
     print()
     print(format_regimes_table(result))
     print(f"pool {pool} sentences (train {result['split']['n_train']}, val {result['split']['n_val']}, "
-          f"test {result['split']['n_test']}); {args.seeds} seeds; epochs {args.epochs}; "
+          f"test {result['split']['n_test']}); seeds per size {result['settings']['seeds_by_size']}"
+          f"{' (the seed rule)' if not args.seeds else ''}; epochs {args.epochs}; "
           f"max_length {args.max_length}; batch {args.batch_size}; {args.threads} thread(s); "
           f"{elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU")
     out = Path(args.out)

@@ -55,7 +55,14 @@ def _size(n: float) -> str:
 
 
 def _n_seeds(result: Mapping[str, Any]) -> int:
+    """Seeds of the headline (largest) training size."""
     return len(result.get("settings", {}).get("seeds", [])) or 1
+
+
+def _block_seeds(result: Mapping[str, Any], block: Mapping[str, Any]) -> int:
+    """Seeds of one training size: the seed rule gives smaller sizes more."""
+    by_size = result.get("settings", {}).get("seeds_by_size") or {}
+    return int(by_size.get(str(block["train_size"]), 0)) or _n_seeds(result)
 
 
 def _score(mean: float, std: float, one_seed: bool) -> str:
@@ -69,9 +76,10 @@ def _seeds(seeds: list[int], n: int) -> str:
 
 def warnings(result: Mapping[str, Any]) -> list[str]:
     """One sentence per regime (and training size) whose runs did not converge."""
-    n, out = _n_seeds(result), []
+    out: list[str] = []
     blocks = _blocks(result)
     for block in blocks:
+        n = _block_seeds(result, block)
         size = f" at {block['train_size']} training texts" if len(blocks) > 1 else ""
         for name, r in block["regimes"].items():
             seeds = r.get("not_converged_seeds") or []
@@ -88,12 +96,12 @@ def warnings(result: Mapping[str, Any]) -> list[str]:
 
 def format_regimes_table(result: Mapping[str, Any]) -> str:
     """A plain-text table of every regime, per training size, with the verdict and warnings."""
-    n = _n_seeds(result)
-    one = n == 1
     header = (f"{'regime':<8} {'macro-F1':>15} {'accuracy':>15} {'trainable':>11} {'share':>8} "
               f"{'bytes/task':>10} {'s/epoch':>8} {'peak mem':>9}")
     lines = []
     for block in _blocks(result):
+        n = _block_seeds(result, block)
+        one = n == 1
         spread = f"{NO_SPREAD}; test macro-F1 and accuracy of that run" if one else \
             f"{n} seeds; test macro-F1 and accuracy as mean ± std"
         lines.append(f"train size {block['train_size']} ({spread})")

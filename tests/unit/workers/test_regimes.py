@@ -345,6 +345,8 @@ def test_without_seeds_each_training_size_gets_the_rules_count(tiny_model_dir: s
     # train split 420; ceil(1500 / 300) = 5, ceil(1500 / 420) = 4
     assert result["settings"]["seeds_by_size"] == {"300": 5, "420": 4}
     assert [len(p["regimes"]["frozen"]["runs"]) for p in result["learning_curve"]] == [5, 4]
+    table = format_regimes_table(result)  # each block says its own seed count
+    assert "train size 300 (5 seeds;" in table and "train size 420 (4 seeds;" in table
 
 
 def test_the_cli_verdict_says_when_the_spread_cannot_separate_the_best() -> None:
