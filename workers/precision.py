@@ -94,14 +94,16 @@ def resolve_precision(precision: str, device: torch.device | str,
 
 def speed_warning(precision: str, device: torch.device | str,
                   cpu_flags: set[str] | None = None) -> str | None:
-    """What to tell a user whose resolved mode is slower here than fp32, or None.
+    """What to tell a user who asked for bf16 on a CPU whose speed with it is unknown, or None.
 
-    bf16 on a CPU without AMX ran at 0.37-0.68x fp32 (docs/precision.md):
-    still a valid choice for its numbers, but not for speed.
+    bf16 on CPUs without AMX ran at 0.37-0.68x fp32 on one VM and 2.2-3.5x on
+    another (docs/precision.md): still a valid choice for its numbers, and
+    ``auto`` measures which is faster here.
     """
     if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_has_fast_bf16(cpu_flags):
         return ("precision bf16 on a CPU without AMX: extraction measured 0.37-0.68x the speed of "
-                "fp32 on such CPUs (docs/precision.md); use fp32 unless you want bf16's numbers")
+                "fp32 on one such CPU and 2.2-3.5x on another (docs/precision.md); "
+                "--precision auto measures which is faster here")
     return None
 
 

@@ -55,7 +55,8 @@ def test_bf16_on_a_cpu_without_amx_comes_with_a_speed_warning() -> None:
     no_amx = PLAIN_CPU | {"avx512_bf16"}
     assert speed_warning("bf16", "cpu", cpu_flags=no_amx) == (
         "precision bf16 on a CPU without AMX: extraction measured 0.37-0.68x the speed of fp32 on "
-        "such CPUs (docs/precision.md); use fp32 unless you want bf16's numbers")
+        "one such CPU and 2.2-3.5x on another (docs/precision.md); --precision auto measures which "
+        "is faster here")
     assert speed_warning("bf16", "cpu", cpu_flags=no_amx | {"amx_bf16"}) is None
     assert speed_warning("fp32", "cpu", cpu_flags=no_amx) is None
     assert speed_warning("bf16", "cuda", cpu_flags=no_amx) is None
