@@ -44,7 +44,7 @@ from layerbank.cache.shard import POOLINGS
 from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder, set_threads
 from layerbank.workers.extract import extract
-from layerbank.workers.precision import autocast_dtype, cpu_flags, cpu_has_fast_bf16, resolve_precision
+from layerbank.workers.precision import autocast_dtype, cpu_flags, cpu_has_fast_bf16
 
 import numpy as np
 import torch
@@ -124,8 +124,12 @@ def main() -> None:
     print("environment:", environment())
     if args.device == "cpu":
         flags = sorted(f for f in cpu_flags() if "bf16" in f or f.startswith("amx"))
+        from layerbank.workers.engines.choice import choose_precision
+
+        found = choose_precision(fp32, None)  # what --precision auto would measure and choose here
         print(f"CPU bfloat16 flags: {', '.join(flags) or 'none'}; AMX: {cpu_has_fast_bf16()}; "
-              f"auto resolves to {resolve_precision('auto', 'cpu')}")
+              f"auto measures bf16 at {found.ratio:.2f}x fp32 on its calibration batches and picks "
+              f"{found.choice}")
 
     # 1. speed, keeping the stored rows of the speed texts for 2.
     texts, _ = read_tsv(args.agnews, args.speed_texts)
