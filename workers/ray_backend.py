@@ -28,22 +28,18 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from layerbank.cache.fingerprint import default_model_path
-from layerbank.cache.keys import text_key
-from layerbank.cache.shard import ShardContents, fsync_dir, write_shard
 from layerbank.cache.store import FeatureStore
 
 from .encoder import Encoder
-from .extract import ExtractSummary, Progress, Stopped, _encode_part, plan_parts
+from .extract import ExtractSummary, Progress, Stopped, plan_parts
+from .ray_actor import ShardEncoder
 from .ray_pool import EncoderPool, PoolError
 
 __all__ = [
@@ -98,100 +94,6 @@ def connect(address: str | None) -> bool:
         # (stop after the batch, hand the job back) keeps it, and closes Ray itself
         signal.signal(signal.SIGTERM, before)
     return True
-
-
-class ShardEncoder:
-    """A Ray actor: loads the encoder once, then turns part after part into shards.
-
-    ``encode(name, keys, texts, want_tokens)`` checks the texts against
-    their keys, writes the part's shard under ``shard_dir`` and returns its
-    metadata. The shard is written under a name unique to this attempt and
-    then renamed onto ``{name}.h5``, so a writer that outlives its retry (a
-    partitioned node) can never interleave bytes with it. ``pid()`` answers
-    once the model is loaded (the pool's readiness check).
-
-    ``fault`` is for tests only (users never pass it):
-    ``{"die_once": marker_path}`` makes the first actor that finds no marker
-    write its pid there and ``os._exit`` in the middle of its part, after the
-    shard file is on disk but before returning; ``{"announce_dir": d,
-    "pause_s": "0.5"}`` makes every part first touch ``d/<part>@<node id>``
-    and then sleep, so a test can remove a node while it is mid-part.
-    """
-
-    def __init__(self, spec: dict[str, Any], shard_dir: str, max_tokens: int | None,
-                 threads: int | None = None, fault: dict[str, str] | None = None) -> None:
-        from .encoder import set_threads
-
-        set_threads(threads)
-        self.encoder = Encoder.load(spec["model"], device="auto", precision=spec["precision"],
-                                    max_length=spec["max_length"],
-                                    storage_dtype=spec["storage_dtype"],
-                                    truncation_side=spec["truncation_side"],
-                                    poolings=spec["poolings"])
-        got = (self.encoder.fingerprint, self.encoder.config.canonical())
-        if got != (spec["fingerprint"], spec["config"]):
-            # keys were made on the driver: other weights here would store wrong numbers
-            raise RuntimeError(f"this node loaded {got}, the driver expects "
-                               f"{(spec['fingerprint'], spec['config'])}; install the same model "
-                               "on every node")
-        self.shard_dir = Path(shard_dir)
-        self.max_tokens = max_tokens
-        self.fault = fault or {}
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def encode(self, name: str, keys: list[str], texts: list[str], want_tokens: bool) -> dict[str, Any]:
-        import ray
-
-        node = ray.get_runtime_context().get_node_id()
-        cfg = self.encoder.config
-        canonical = cfg.canonical()
-        t0 = time.perf_counter()
-        self._maybe_pause(name, node)
-        # the driver made the keys: check that these are the texts they were made from
-        if [text_key(self.encoder.fingerprint, canonical, t) for t in texts] != keys:
-            raise RuntimeError(f"part {name}: texts changed on their way to the actor")
-        first_batch_at: list[float] = []
-
-        def on_batch(_: Progress) -> None:
-            if not first_batch_at:
-                first_batch_at.append(time.time())  # wall clock: the driver compares it with its own
-
-        enc = _encode_part(self.encoder, texts, want_tokens, self.max_tokens,
-                           Progress(0, len(texts), 0, 0.0), t0, on_batch, None)
-        contents = ShardContents(keys, enc.n_tokens, enc.truncated, enc.pooled, enc.tokens,
-                                 attrs={"model_fingerprint": self.encoder.fingerprint,
-                                        "extraction_config": canonical})
-        final = self.shard_dir / f"{name}.h5"
-        attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
-        n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
-        os.replace(attempt, final)
-        fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
-        self._maybe_die()
-        return {"name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
-                "truncated": enc.truncated.tolist(), "n_bytes": n_bytes, "poolings": list(enc.pooled),
-                "fingerprint": self.encoder.fingerprint, "config": canonical,
-                "node": node, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
-                "first_batch_at": first_batch_at[0] if first_batch_at else time.time()}
-
-    def _maybe_pause(self, name: str, node: str) -> None:
-        if "announce_dir" in self.fault:
-            Path(self.fault["announce_dir"], f"{name}@{node}").touch()
-        time.sleep(float(self.fault.get("pause_s", 0)))
-
-    def _maybe_die(self) -> None:
-        marker = self.fault.get("die_once")
-        if marker is None:
-            return
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # first actor only
-        except FileExistsError:
-            return
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        os._exit(1)
-
 
 
 def encoder_spec(encoder: Encoder) -> dict[str, Any]:

@@ -87,7 +87,7 @@ class EncoderPool:
     def _new_slot(self) -> _Slot:
         import ray
 
-        from .ray_backend import ShardEncoder
+        from .ray_actor import ShardEncoder
 
         gpus = self.gpus_per_actor or 0.0
         # a GPU actor reserves no CPU, so a node's CPUs stay free for other work;

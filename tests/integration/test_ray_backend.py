@@ -215,21 +215,27 @@ def test_worker_runs_dataset_jobs_on_ray(tiny_model_dir: str, tmp_path: Path) ->
     backend.close()  # its two actors hold the cluster's two logical GPUs
 
 
-# A job on a warm pool shows its first encoded part within this many seconds of submission.
-# Measured here (2 cores, load ~15): ~0.3-1 s warm, against 6-20 s for a job that starts its
-# own actors; 5 s leaves room for a loaded machine and still fails if actors start per job.
+# A job on a warm pool shows its first encoded part within this many seconds of submission,
+# and sooner than the pool took to start (what a job paid when it started its own actors).
+# 5 s leaves room for a loaded machine; see the figures in docs/operations.md.
 WARM_FIRST_PROGRESS_S = 5.0
 
 
 @pytest.fixture(scope="module")
 def warm_worker(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    """A worker as ``layerbank serve --backend ray --ray-actors 2`` starts it: pool started first."""
+    """A worker as ``layerbank serve --backend ray --ray-actors 2`` starts it: pool started first.
+
+    ``w.pool_start_s``: seconds until both actors had loaded the model."""
     enc = Encoder.load(tiny_model_dir, device="cpu")
     store = FeatureStore(tmp_path_factory.mktemp("warm") / "data")
     backend = make_backend("ray", store, enc, part_size=30, max_tokens=512, ray_actors=2, threads=1)
+    t0 = time.monotonic()
     backend.start()  # type: ignore[attr-defined]
-    yield Worker(store, enc, WorkerOptions(part_size=30, max_tokens=512, progress_interval_s=0.01),
-                 backend=backend)
+    backend.actor_pids()  # type: ignore[attr-defined]
+    w = Worker(store, enc, WorkerOptions(part_size=30, max_tokens=512, progress_interval_s=0.01),
+               backend=backend)
+    w.pool_start_s = time.monotonic() - t0  # type: ignore[attr-defined]
+    yield w
     backend.close()
 
 
@@ -259,7 +265,7 @@ def run_dataset_job(w: Worker, texts: list[str], name: str) -> tuple[str, float]
 
 def test_consecutive_jobs_reuse_the_warm_actors(warm_worker: Worker) -> None:
     backend = warm_worker.backend
-    warm = backend.actor_pids()  # type: ignore[attr-defined]  # waits until both loaded the model
+    warm = backend.actor_pids()  # type: ignore[attr-defined]
     assert len(set(warm)) == 2 and os.getpid() not in warm
     texts = sst2_texts(200, seed=6)  # [:60], [60:120] here, [120:] after the kill: disjoint
     run_dataset_job(warm_worker, texts[:60], "first")
@@ -269,7 +275,10 @@ def test_consecutive_jobs_reuse_the_warm_actors(warm_worker: Worker) -> None:
     assert backend.actor_pids() == after_first == warm  # type: ignore[attr-defined]
     for pid in warm:
         os.kill(pid, 0)  # still alive between jobs
-    assert first_progress_s < WARM_FIRST_PROGRESS_S
+    start_s = warm_worker.pool_start_s  # type: ignore[attr-defined]
+    print(f"pool start {start_s:.2f} s; second job: first progress {first_progress_s:.2f} s after "
+          f"submission, first batch {backend.last_first_batch_s:.2f} s after its start")  # type: ignore[attr-defined]
+    assert first_progress_s < min(WARM_FIRST_PROGRESS_S, start_s)
     # what the backend measured: job start to the first encoded batch on an actor
     assert backend.last_first_batch_s is not None  # type: ignore[attr-defined]
     assert backend.last_first_batch_s < 3.0  # type: ignore[attr-defined]
