@@ -87,8 +87,12 @@ def run(args: argparse.Namespace) -> int:
                                ray_address=settings.ray_address, ray_actors=settings.ray_actors)
         if isinstance(backend, RayBackend):
             backend.start()  # the actors load the model now and stay warm for every job
-    except (RayUnavailable, ConnectionError) as e:
+    except RayUnavailable as e:
         print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
+        return FATAL_EXIT
+    except Exception as e:  # noqa: BLE001  (ray.init's errors: a bad address, no cluster there)
+        print(f"layerbank worker: error: cannot start the Ray encoder pool: {e}", file=sys.stderr,
+              flush=True)
         return FATAL_EXIT
     worker = Worker(store, encoder, WorkerOptions(
         lease_seconds=settings.lease_seconds, heartbeat_seconds=settings.heartbeat_seconds,
