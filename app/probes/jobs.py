@@ -50,7 +50,7 @@ from layerbank.app.probes.options import ProbeOptions
 from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
 from layerbank.app.probes.spans import is_bio_tag
 from layerbank.app.probes.token_probe import run_token_probe
-from layerbank.app.probes.word_features import word_states
+from layerbank.app.probes.word_views import word_views
 from layerbank.app.probes.wordsets import TaggedSentence
 from layerbank.cache.datasets import Dataset, DatasetItems, DatasetStore
 from layerbank.cache.jobs import Job, JobQueue
@@ -212,10 +212,11 @@ def _run_token_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, 
         span_f1 = all(is_bio_tag(t) for s in train + valid for t in s.tags)
     ctl.progress(0, 3)
     ctl.stage("reading word states (train)")
-    train_states = word_states(store, fp, train_ds.config, train, mode=p["word_mode"])
+    # read view by view while the tagger runs (word_views): one view's matrix in memory, not every layer
+    train_states = word_views(store, fp, train_ds.config, train, mode=p["word_mode"])
     ctl.progress(1, 3)
     ctl.stage("reading word states (valid)")
-    valid_states = word_states(store, fp, train_ds.config, valid, mode=p["word_mode"])
+    valid_states = word_views(store, fp, train_ds.config, valid, mode=p["word_mode"])
     ctl.progress(2, 3)
     ctl.stage("fitting one tagger per view")
     # after the two reads, one step per fit (tagger, control head, MDL): the ETA covers the fitting,

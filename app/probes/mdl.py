@@ -88,11 +88,13 @@ def _bits(params: np.ndarray, Z: np.ndarray, y: np.ndarray) -> np.ndarray:
 def online_codelength(X: np.ndarray, y: np.ndarray, n_classes: int | None = None, *,
                       fractions: Sequence[float] = PAPER_FRACTIONS, C: float | None = None, seed: int = 0,
                       max_iter: int = 500, storage_dtype: Any = np.float16,
-                      shuffle: bool = True) -> dict[str, Any]:
+                      shuffle: bool = True, dtype: Any = np.float64) -> dict[str, Any]:
     """Online codelength of labels ``y`` (class indices 0..K-1) given ``X`` [n, d].
 
     ``C``: one fixed inverse L2 strength for every block, or None (default)
     to choose it per block from the rows already sent (see the module docstring).
+    ``dtype``: of the standardised rows the probes fit on (float32 halves the
+    memory of a token probe's corpus-sized blocks; float64 by default).
 
     Returns a JSON-serialisable dict: ``online_bits``, ``uniform_bits``,
     ``compression``, ``blocks`` (per block: its rows, the rows it was encoded
@@ -117,7 +119,7 @@ def online_codelength(X: np.ndarray, y: np.ndarray, n_classes: int | None = None
     converged = True
     dropped = 0
     for start, end in zip(ends[:-1], ends[1:]):
-        scaler = Standardizer(storage_dtype).fit(X[:start])
+        scaler = Standardizer(storage_dtype, dtype).fit(X[:start])
         dropped = scaler.n_dropped
         Z, seen = scaler.transform(X[:start]), y[:start]
         with warnings.catch_warnings():  # reported once, as ``converged``

@@ -11,6 +11,13 @@ Rule: a dimension whose standard deviation over the fitting rows is below
 one step of the storage dtype at its mean (``np.spacing``) is dropped; the
 count is reported as ``n_dropped``. With float32 storage that is a much
 smaller step, so almost nothing is dropped.
+
+Memory (token probes on a whole corpus, where X is hundreds of MB): a large
+X is not copied to float64 whole to fit (mean and spread are accumulated in
+float64 over row chunks, two passes), and ``transform`` makes one copy,
+standardised in place, in ``dtype`` (float64 by default; the token probe
+asks for float32: its X is float32 already, and a float64 copy doubled the
+peak).
 """
 
 from __future__ import annotations
@@ -23,21 +30,42 @@ from sklearn.base import BaseEstimator, TransformerMixin
 __all__ = ["NoiseAwareScaler", "Standardizer"]
 
 
+# Rows per chunk when a large X is fitted without a float64 copy of it.
+FIT_CHUNK_ROWS = 16384
+
+
+def _mean_std(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column mean and (population) standard deviation in float64."""
+    if X.shape[0] <= FIT_CHUNK_ROWS:
+        X64 = np.asarray(X, dtype=np.float64)
+        return X64.mean(axis=0), X64.std(axis=0)
+    # two passes over float64 chunks: the same formula, no full float64 copy
+    total = np.zeros(X.shape[1])
+    for a in range(0, X.shape[0], FIT_CHUNK_ROWS):
+        total += np.asarray(X[a : a + FIT_CHUNK_ROWS], dtype=np.float64).sum(axis=0)
+    mean = total / X.shape[0]
+    sq = np.zeros(X.shape[1])
+    for a in range(0, X.shape[0], FIT_CHUNK_ROWS):
+        d = np.asarray(X[a : a + FIT_CHUNK_ROWS], dtype=np.float64) - mean
+        sq += np.einsum("ij,ij->j", d, d)
+    return mean, np.sqrt(sq / X.shape[0])
+
+
 class Standardizer:
     """``fit(X)`` learns mean, scale and which dimensions to keep; ``transform``
-    returns float64 ``(X[:, keep] - mean) / scale``.
+    returns ``(X[:, keep] - mean) / scale`` in ``dtype`` (float64 by default).
 
     >>> s = Standardizer(np.float16).fit(X_train)
     >>> Z = s.transform(X_test); s.n_dropped
     """
 
-    def __init__(self, storage_dtype: Any = np.float16) -> None:
+    def __init__(self, storage_dtype: Any = np.float16, dtype: Any = np.float64) -> None:
         self.storage_dtype = np.dtype(storage_dtype)
+        self.dtype = np.dtype(dtype)
 
     def fit(self, X: np.ndarray) -> "Standardizer":
-        X = np.asarray(X, dtype=np.float64)
-        mean = X.mean(axis=0)
-        std = X.std(axis=0)
+        X = np.asarray(X)
+        mean, std = _mean_std(X)
         step = np.spacing(np.abs(mean).astype(self.storage_dtype)).astype(np.float64)
         keep = std >= step
         if not keep.any():  # nothing above the noise: keep all rather than fit on no features
@@ -49,7 +77,12 @@ class Standardizer:
         return self
 
     def transform(self, X: np.ndarray) -> np.ndarray:
-        return (np.asarray(X, dtype=np.float64)[:, self.keep_] - self.mean_) / self.scale_
+        # one copy (the column selection), then in place: the same arithmetic as
+        # (X[:, keep] - mean) / scale without its three temporaries
+        out = np.asarray(X)[:, self.keep_].astype(self.dtype, copy=False)
+        out -= self.mean_.astype(self.dtype, copy=False)
+        out /= self.scale_.astype(self.dtype, copy=False)
+        return out
 
 
 class NoiseAwareScaler(TransformerMixin, BaseEstimator):
@@ -59,11 +92,12 @@ class NoiseAwareScaler(TransformerMixin, BaseEstimator):
     >>> make_pipeline(NoiseAwareScaler("float16"), LogisticRegression())
     """
 
-    def __init__(self, storage_dtype: Any = "float16") -> None:
+    def __init__(self, storage_dtype: Any = "float16", dtype: Any = "float64") -> None:
         self.storage_dtype = storage_dtype
+        self.dtype = dtype
 
     def fit(self, X: np.ndarray, y: Any = None) -> "NoiseAwareScaler":
-        self.standardizer_ = Standardizer(self.storage_dtype).fit(X)
+        self.standardizer_ = Standardizer(self.storage_dtype, self.dtype).fit(X)
         self.n_dropped_ = self.standardizer_.n_dropped
         self.n_features_in_ = np.asarray(X).shape[1]
         return self

@@ -217,7 +217,8 @@ def _fit_predict(
         # regression at the uniform mix is then the mean_all row's, up to scaling.
         head = ScalarMixHead(Cs=(c,), random_state=seed, max_iter=mix_rounds)
     else:
-        head = make_pipeline(NoiseAwareScaler("float16"),
+        # float32 standardised rows, as the states are: a float64 copy doubled the peak on a corpus
+        head = make_pipeline(NoiseAwareScaler("float16", "float32"),
                              LogisticRegression(C=c, max_iter=max_iter, random_state=seed, warm_start=True))
     start = time.perf_counter()
     used = 0
@@ -241,10 +242,11 @@ def _mdl_row(x: np.ndarray, y: np.ndarray, y_control: np.ndarray | None, n_tags:
              C: float, max_iter: int) -> dict[str, Any]:
     """Online codelength of the tags (and of the control tags) given ``x``."""
     start = time.perf_counter()
-    task = online_codelength(x, y, n_tags, seed=seed, C=C, max_iter=max_iter)
+    # float32 rows (x is float32 already): a float64 copy of a corpus-sized block doubled the peak
+    task = online_codelength(x, y, n_tags, seed=seed, C=C, max_iter=max_iter, dtype=np.float32)
     control = None
     if y_control is not None:
-        control = online_codelength(x, y_control, n_tags, seed=seed, C=C, max_iter=max_iter)
+        control = online_codelength(x, y_control, n_tags, seed=seed, C=C, max_iter=max_iter, dtype=np.float32)
     return {
         "online_kbits": round(task["online_bits"] / 1000, 3),
         "uniform_kbits": round(task["uniform_bits"] / 1000, 3),
