@@ -22,7 +22,20 @@ def _chained() -> BaseException:
         return e
 
 
+def _context(inner: BaseException) -> BaseException:
+    """``inner`` as the __context__ (not the cause) of a RuntimeError, as a bare raise in an except makes."""
+    try:
+        try:
+            raise inner
+        except BaseException:
+            raise RuntimeError("HDF5: unable to write")  # noqa: B904
+    except RuntimeError as e:
+        return e
+
+
 @pytest.mark.parametrize("exc,full", [
+    (_context(OSError(errno.ENOSPC, "No space left on device")), True),
+    (_context(OSError(errno.EACCES, "Permission denied")), False),
     (sqlite3.OperationalError("database or disk is full"), True),
     (OSError(errno.ENOSPC, "No space left on device"), True),
     (OSError(errno.EDQUOT, "Disk quota exceeded"), True),

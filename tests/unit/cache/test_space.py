@@ -62,3 +62,12 @@ def test_a_file_size_limit_is_named(tmp_path: Path) -> None:
                             "process may write files of at most 1.0 MiB (ulimit -f); raise the limit or make "
                             "shards smaller (--part-size), then run the job again")
     check_room(tmp_path / "j-00000.h5.tmp", 1024)  # fits: no error
+
+
+def test_a_quota_is_named_as_a_quota(tmp_path: Path) -> None:
+    from layerbank.cache.space import _message
+
+    msg = _message(errno.EDQUOT, tmp_path / "q-00001.h5.tmp", 3 * 2**20)
+    assert msg.startswith("disk quota exceeded while writing shard q-00001.h5: it needs about 3.0 MiB, ")
+    gone = _message(errno.ENOSPC, tmp_path / "missing" / "q-00001.h5.tmp", 10)  # free space unknown
+    assert "10 bytes, unknown free in" in gone
