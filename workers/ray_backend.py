@@ -151,13 +151,17 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                                max_tokens=max_tokens, fault=fault)
         elif pool.spec != encoder_spec(encoder):
             raise ValueError("this pool's actors hold another encoder than the job's")
+        pids: set[int] = set()
         try:
             expected = {t["name"]: t["keys"] for t in todo}
             for meta in _run(pool, todo, want_tokens, progress, should_continue, prog, t0):
-                if timing is not None and "first_batch_s" not in timing:
-                    timing["first_batch_s"] = max(0.0, float(meta["first_batch_at"]) - t0_wall)
+                if not pids:  # the first part back: when did encoding start to pay off
+                    first = max(0.0, float(meta["first_batch_at"]) - t0_wall)
+                    if timing is not None:
+                        timing.setdefault("first_batch_s", first)
                     log.info("job %s: first batch encoded %.2f s after the job started", job_id,
-                             timing["first_batch_s"])
+                             first)
+                pids.add(int(meta["pid"]))
                 _commit(store, meta, expected, want_tokens)
                 summary.bytes_written += int(meta["n_bytes"])
                 summary.shards_written += 1
@@ -169,6 +173,8 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                 prog.seconds = time.perf_counter() - t0
                 if progress:
                     progress(prog)
+            log.info("job %s: %d parts encoded by Ray actor pids %s", job_id, len(todo),
+                     ",".join(map(str, sorted(pids))))
         finally:
             if own:
                 pool.close()

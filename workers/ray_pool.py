@@ -138,6 +138,7 @@ class EncoderPool:
                     slot = starting[ref]
                     try:
                         slot.pid = int(ray.get(ref))
+                        log.info("Ray encoder actor ready: pid %d", slot.pid)
                     except RayActorError as e:  # died while loading the model
                         deaths = self._replace(slot, deaths, e)
                     continue
