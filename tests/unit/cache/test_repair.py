@@ -47,6 +47,8 @@ def filled(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray], str]:
         c = contents(keys, s)
         store.write(f"job{s}-00000", c, model="local:m", config=CFG)
         want.update({k: c.pooled["mean"][i] for i, k in enumerate(keys)})
+    tok_keys = [key(store, f"with tokens {i}") for i in range(3)]
+    store.write("tok-00000", contents(tok_keys, 9, tokens=True), model="local:m", config=CFG)
     ds = DatasetStore(store.catalog)
     job = JobQueue(store.catalog).submit("extract", {"texts": 3})
     d = ds.create("kept", ["a", "b", "c"], labels=["x", "y", "x"], model="local:m",
@@ -62,6 +64,13 @@ def _rows_answer(root: Path, want: dict[str, np.ndarray]) -> None:
     assert res.found.all()
     for i, k in enumerate(keys):
         np.testing.assert_array_equal(res.data[i], want[k])
+    # what compaction and token reads rely on came back from the shards too
+    for name in store.catalog.shard_names():
+        info = store.catalog.shard_info(name)
+        assert (info["model"], info["config"]) == ("local:m", CFG.canonical()), info  # type: ignore[index]
+        assert bool(info["has_tokens"]) == name.startswith("tok-"), info  # type: ignore[index]
+    tokens = store.read_tokens(key(store, "with tokens 1"))
+    assert tokens is not None and tokens.states.shape[0] == 2
     store.close()
 
 
@@ -81,7 +90,7 @@ def test_damaged_key_pages_are_rebuilt_and_the_other_tables_kept(filled) -> None
 
     report = repair_catalog(root)
     assert check_catalog(path) is None
-    assert report.shards == 3 and report.keys == 120 and report.quarantined == []
+    assert report.shards == 4 and report.keys == 123 and report.quarantined == []
     assert report.kept["datasets"] == 1 and report.kept["dataset_items"] == 3 and report.kept["jobs"] == 1
     assert report.lost == {}
     assert Path(report.damaged_file).exists()  # type: ignore[arg-type]
@@ -99,7 +108,7 @@ def test_a_destroyed_header_loses_the_tables_but_not_the_rows(filled) -> None:  
     _smash(path, 0, 100)
     assert "not a database" in (check_catalog(path) or "")
     report = repair_catalog(root)
-    assert report.keys == 120 and report.kept == {}
+    assert report.keys == 123 and report.kept == {}
     assert "every table but the key index" in report.lost
     assert any(line.startswith("LOST every table but the key index") for line in report.lines())
     _rows_answer(root, want)
@@ -110,7 +119,7 @@ def test_a_deleted_catalog_is_rebuilt_from_the_shards(filled) -> None:  # type: 
     for p in root.glob("catalog.sqlite*"):
         p.unlink()
     report = repair_catalog(root)
-    assert report.damaged_file is None and report.keys == 120 and report.lost == {}
+    assert report.damaged_file is None and report.keys == 123 and report.lost == {}
     _rows_answer(root, want)
 
 
@@ -121,6 +130,6 @@ def test_a_damaged_shard_met_during_repair_is_quarantined(filled) -> None:  # ty
         lost = {k.decode() for k in f["keys"][:]}
     _smash(root / "shards" / "job1-00000.h5", 0, 64)  # its superblock
     report = repair_catalog(root)
-    assert report.quarantined == ["job1-00000.h5"] and report.keys == 80
+    assert report.quarantined == ["job1-00000.h5"] and report.keys == 83
     assert (root / "quarantine" / "job1-00000.h5").exists()
     _rows_answer(root, {k: v for k, v in want.items() if k not in lost})
