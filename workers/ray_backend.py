@@ -202,8 +202,9 @@ def _run(pool: EncoderPool, todo: list[dict[str, Any]], want_tokens: bool,
     The ticks come even while a long part is encoding: that is what keeps a
     worker's lease alive.
     """
+    results = pool.run(todo, want_tokens, tick_s=_TICK_S)
     try:
-        for meta in pool.run(todo, want_tokens, tick_s=_TICK_S):
+        for meta in results:
             if meta is None:
                 prog.seconds = time.perf_counter() - t0
                 if progress:
@@ -216,3 +217,5 @@ def _run(pool: EncoderPool, todo: list[dict[str, Any]], want_tokens: bool,
                 raise Stopped(f"stopped after {prog.done} of {prog.total} texts")
     except PoolError as e:
         raise RayExtractionError(f"Ray extraction failed: {e}") from e
+    finally:
+        results.close()  # now, not when the traceback lets go of it: cancels parts not started

@@ -74,6 +74,8 @@ class EncoderPool:
     max_tokens: int | None = None
     fault: dict[str, str] | None = None
     slots: list[_Slot] = field(default_factory=list, init=False)
+    # parts a stopped run left running: close() lets them finish, so no half-written file stays
+    unfinished: list[Any] = field(default_factory=list, init=False)
 
     def start(self) -> None:
         """Create the actors; returns at once (they load the model in the background)."""
@@ -162,6 +164,7 @@ class EncoderPool:
                     pass
             for slot, _ in running.values():
                 slot.inflight = 0
+            self.unfinished = list(running)
 
     def _replace(self, slot: _Slot, deaths: int, error: BaseException) -> int:
         if slot in self.slots:  # its other parts in flight fail too: one death, one replacement
@@ -184,6 +187,12 @@ class EncoderPool:
         """Stop the actors (their processes exit; GPUs and CPUs are freed)."""
         import ray
 
+        if self.unfinished:
+            try:
+                ray.wait(self.unfinished, num_returns=len(self.unfinished), timeout=60)
+            except Exception:  # noqa: BLE001  (Ray already shut down)
+                pass
+            self.unfinished = []
         for slot in self.slots:
             try:
                 ray.kill(slot.actor)

@@ -75,7 +75,8 @@ def run_dataset(s: ServerProcess, name: str, texts: list[str]) -> tuple[dict[str
 
     def done() -> dict[str, Any] | None:
         job = s.get(f"/v1/jobs/{ds['job_id']}").json()
-        return job if (job.get("progress") or {}).get("done", 0) > 0 else None
+        moved = (job.get("progress") or {}).get("done", 0) > 0
+        return job if moved or job["state"] in ("succeeded", "failed") else None
 
     wait_for(done, 120, f"progress on job {ds['job_id']}")
     first = time.monotonic() - t0
