@@ -46,8 +46,9 @@ __all__ = ["CHUNK_BYTES", "LazyWordStates", "word_views"]
 
 # Stored token states read per chunk (all layers a view needs together):
 # large enough that a shard is read in few ranges, small next to one view's
-# matrix (a CoNLL layer is ~390 MB in float32).
-CHUNK_BYTES = 32 * 2**20
+# matrix (a CoNLL layer is ~390 MB in float32). A chunk costs about 3x this
+# while it is pooled (float16 read, float32 word vectors, the combined view).
+CHUNK_BYTES = 8 * 2**20
 
 
 class LazyWordStates:
