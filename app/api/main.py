@@ -109,10 +109,25 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
                          max_dataset_texts=settings.max_dataset_texts,
                          n_states=None if model is None else model.n_hidden_states,
                          model_names=None if model is None else model.names())
+            _document_forbidden(app.openapi_schema)
             made_for[0] = model
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _document_forbidden(schema: dict[str, Any] | None) -> None:
+    """Every operation may answer 403: the Host and Origin guard (app/api/origin.py) runs
+    before routing, so no route declares it; the schema says so, in that route's error shape."""
+    for ops in (schema or {}).get("paths", {}).values():
+        for op in ops.values():
+            responses = op.get("responses", {})
+            shape = responses.get("422") or responses.get("404") or {
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+            responses.setdefault("403", {
+                "description": "a Host name this server does not answer to, or a cross-site request "
+                               "on a server without an API key",
+                "content": shape.get("content", {})})
 
 
 async def _watch_model(state: AppState) -> None:

@@ -6,13 +6,14 @@ relative to it), with the one address README uses, ``http://127.0.0.1:8000``,
 replaced by the session server's. The other blocks (bash) are not run here.
 
 A block that cannot run against a server (the in-process ``layerbank.Bank``
-path has its own tests) is skipped only when the line right before its fence
-is the marker
+path) is run by another test instead, named by the marker on the line right
+before its fence (invisible on the rendered page)::
 
-    <!-- readme-test: skip REASON -->
+    <!-- readme-test: skip REASON naming tests/.../test_x.py -->
 
-which is invisible on the rendered page; the skip shows in pytest's summary
-with its reason, never as a pass.
+Such a block is not collected here (no skip counted), and
+``test_marked_blocks_name_the_test_that_runs_them`` checks that the named
+test file exists and reads README's blocks.
 """
 
 from __future__ import annotations
@@ -52,12 +53,24 @@ def test_the_block_finder_reads_fences_and_markers() -> None:
     assert sum(reason is None for _, _, reason in BLOCKS) >= 2  # README's client examples are here
 
 
-@pytest.mark.parametrize(("line", "code", "skip"), BLOCKS, ids=[f"README.md:{b[0]}" for b in BLOCKS])
+SERVED = [b for b in BLOCKS if b[2] is None]
+
+
+def test_marked_blocks_name_the_test_that_runs_them() -> None:
+    for line, _, reason in BLOCKS:
+        if reason is None:
+            continue
+        named = re.search(r"tests/\S+\.py", reason)
+        assert named, f"README.md:{line}: the marker must name the test that runs the block"
+        runner = ROOT / named.group(0)
+        assert runner.is_file(), f"README.md:{line}: {runner} does not exist"
+        assert "README" in runner.read_text(encoding="utf-8"), f"{runner} does not read README.md"
+
+
+@pytest.mark.parametrize(("line", "code", "skip"), SERVED, ids=[f"README.md:{b[0]}" for b in SERVED])
 def test_readme_python_block_runs(line: int, code: str, skip: str | None,
                                   layerbank_server: ServerProcess,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    if skip is not None:
-        pytest.skip(f"README.md:{line}: {skip}")
     monkeypatch.chdir(ROOT)
     source = code.replace(README_URL, layerbank_server.url)
     exec(compile(source, f"README.md:{line}", "exec"), {"__name__": "__readme__"})

@@ -38,7 +38,9 @@ def test_a_small_seeded_sst2_subset_runs_end_to_end_on_cpu(layerbank_server: Ser
     job = s.wait_job(rid, timeout=90)
     took = time.monotonic() - started
     assert job["state"] == "succeeded", job["error"]
-    assert job["kind"] == "regimes" and job["progress"] == {"done": 2, "total": 2}
+    # done/total counts epochs; "stage" names the last regime and seed that started
+    assert job["kind"] == "regimes" and job["progress"] == {"done": 2, "total": 2,
+                                                            "stage": "bitfit, seed 1 of 1, 42 training texts"}
     result = s.get(f"/v1/regimes/{rid}").json()["result"]
     assert result["split"]["n_train"] == 42 and result["split"]["n_test"] == 12  # 60 = 42 + 6 + 12
     assert result["model"]["num_layers"] == 6 and result["model"]["hidden_size"] == 384

@@ -254,7 +254,7 @@ ERRORS = [
     ("POST", "/v1/features", {"json": {"texts": ["a"], "view": "layer:x"}}, 422, "validation",
      "layer numbers must be integers"),
     ("POST", "/v1/features", {"json": {"texts": ["a"], "pooling": "median"}}, 422, "validation",
-     "pooling: Input should be 'mean', 'cls' or 'max'"),
+     "pooling: Input should be 'mean', 'cls', 'max' or 'last_token'"),
     ("POST", "/v1/features", {"json": {"view": "layer:-1"}}, 422, "validation", "texts: Field required"),
     ("POST", "/v1/features", {"json": {"texts": []}}, 422, "validation", "texts: List should have at least 1"),
     ("POST", "/v1/features", {"json": {"texts": ["ok", " "]}}, 422, "validation", "texts.1 is empty"),

@@ -43,7 +43,9 @@ def _start_worker(data_dir: Path, model: str, log: Path) -> subprocess.Popen[byt
     env.update({"LAYERBANK_MODEL": model, "LAYERBANK_THREADS": "1", "LAYERBANK_DEVICE": "cpu",
                 "LAYERBANK_PART_SIZE": str(PART), "LAYERBANK_MAX_TOKENS_PER_BATCH": str(MAX_TOKENS),
                 "LAYERBANK_LEASE_SECONDS": str(LEASE_S), "LAYERBANK_HEARTBEAT_SECONDS": "0.5",
-                "LAYERBANK_LOG_LEVEL": "INFO"})
+                "LAYERBANK_LOG_LEVEL": "INFO",
+                # the clean run is torch's; engines agree within 1e-4, not bit for bit (docs/decisions.md)
+                "LAYERBANK_ENGINE": "torch"})
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "worker", "--data-dir", str(data_dir)],
                                 cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)

@@ -107,6 +107,12 @@ def test_openapi_documents_the_error_shape(tiny_api_factory) -> None:  # type: i
     upload = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]
     assert set(upload) == {"application/json", "multipart/form-data"}
     assert "HTTPValidationError" not in spec["components"]["schemas"]
+    # the Host/Origin guard answers before routing: every operation documents its 403
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            assert "403" in op["responses"], (method, path)
+    shape = spec["paths"]["/v1/embeddings"]["post"]["responses"]["403"]["content"]["application/json"]
+    assert shape["schema"]["$ref"].endswith("/OpenAIErrorResponse")  # OpenAI's shape there
 
 
 def test_views_are_held_to_the_grammar_the_schema_states(tiny_api) -> None:  # type: ignore[no-untyped-def]
