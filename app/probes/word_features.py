@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -118,16 +118,10 @@ def sentence_texts(sentences: Sentences) -> list[str]:
     return texts
 
 
-def word_states(
-    store: FeatureStore,
-    model_fingerprint: str,
-    config_json: ExtractionConfig | str,
-    sentences: Sentences,
-    *,
-    mode: str = "first",
-    layers: Sequence[int] | None = None,
-) -> WordFeatures:
-    """Per-word states of ``sentences`` (see the module docstring)."""
+def stored_sentences(store: FeatureStore, model_fingerprint: str, config_json: ExtractionConfig | str,
+                     sentences: Sentences, mode: str) -> tuple[Any, Any, list[Any], list[str], dict[str, Any]]:
+    """Words, tags, (text, spans) per sentence, keys and catalog entries of ``sentences``,
+    once every one is stored with token-level states (else SentencesNotExtracted)."""
     if mode not in WORD_MODES:
         raise ValueError(f"unknown word mode {mode!r}; expected one of {', '.join(WORD_MODES)}")
     words, tags = _split(sentences)
@@ -142,6 +136,21 @@ def word_states(
     missing = [i for i, k in enumerate(keys) if k not in entries]
     if missing:
         raise SentencesNotExtracted(missing, len(keys), joined[missing[0]][0][:80])
+    return words, tags, joined, keys, entries
+
+
+def word_states(
+    store: FeatureStore,
+    model_fingerprint: str,
+    config_json: ExtractionConfig | str,
+    sentences: Sentences,
+    *,
+    mode: str = "first",
+    layers: Sequence[int] | None = None,
+) -> WordFeatures:
+    """Per-word states of ``sentences`` (see the module docstring)."""
+    words, tags, joined, keys, entries = stored_sentences(store, model_fingerprint, config_json,
+                                                          sentences, mode)
 
     starts = np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int64)
     truncated = np.array([entries[k].truncated for k in keys], dtype=bool)

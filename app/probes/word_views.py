@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.app.probes.word_features import Sentences, SentencesNotExtracted, _split
-from layerbank.cache.keys import ExtractionConfig, text_key
+from layerbank.app.probes.word_features import Sentences, SentencesNotExtracted, stored_sentences
+from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.store import FeatureStore
 from layerbank.cache.views import View
-from layerbank.cache.words import WORD_MODES, align_tokens_to_words, join_words, word_vectors
+from layerbank.cache.words import align_tokens_to_words, word_vectors
 
 __all__ = ["CHUNK_BYTES", "LazyWordStates", "word_views"]
 
@@ -143,19 +143,7 @@ def word_views(
 ) -> LazyWordStates:
     """``LazyWordStates`` of ``sentences``; raises as ``word_states`` does (ValueError naming the
     sentence, SentencesNotExtracted when some are not stored with token-level states)."""
-    if mode not in WORD_MODES:
-        raise ValueError(f"unknown word mode {mode!r}; expected one of {', '.join(WORD_MODES)}")
-    words, tags = _split(sentences)
-    joined = []
-    for i, w in enumerate(words):
-        try:
-            joined.append(join_words(w))
-        except ValueError as e:
-            raise ValueError(f"sentence {i}: {e}") from None
-    keys = [text_key(model_fingerprint, config_json, text) for text, _ in joined]
-    entries = store.lookup(keys, need_tokens=True)
-    missing = [i for i, k in enumerate(keys) if k not in entries]
-    if missing:
-        raise SentencesNotExtracted(missing, len(keys), joined[missing[0]][0][:80])
+    words, tags, joined, keys, entries = stored_sentences(store, model_fingerprint, config_json,
+                                                          sentences, mode)
     return LazyWordStates(store, keys, entries, [list(w) for w in words], [list(t) for t in tags],
                           [spans for _, spans in joined], mode)
