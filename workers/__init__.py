@@ -1,4 +1,5 @@
-"""Extraction workers: encoder loading, tokenizing, batching, pooling, shard writing; ``regimes/`` for fine-tuning.
+"""Extraction workers: encoder loading, tokenizing, batching, pooling, shard writing; ``regimes/`` for
+fine-tuning.
 
 May import torch, transformers and ``layerbank.cache``; never ``layerbank.app``.
 

@@ -119,8 +119,8 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
 def _document_forbidden(schema: dict[str, Any] | None) -> None:
     """Every operation may answer 403: the Host and Origin guard (app/api/origin.py) runs
     before routing, so no route declares it; the schema says so, in that route's error shape."""
-    for ops in (schema or {}).get("paths", {}).values():
-        for op in ops.values():
+    for operations in (schema or {}).get("paths", {}).values():
+        for op in operations.values():
             responses = op.get("responses", {})
             shape = responses.get("422") or responses.get("404") or {
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}

@@ -68,7 +68,8 @@ def verdict(result: dict[str, Any]) -> str:
     if close and len(result.get("settings", {}).get("seeds", [])) > 1:
         return (f"verdict: the spread is too wide to separate {best} (macro-F1 "
                 f"{rows[best]['macro_f1_mean']:.3f} ± {rows[best]['macro_f1_std']:.3f}) from "
-                + ", ".join(f"{r} ({rows[r]['macro_f1_mean']:.3f} ± {rows[r]['macro_f1_std']:.3f})" for r in close)
+                + ", ".join(f"{r} ({rows[r]['macro_f1_mean']:.3f} ± {rows[r]['macro_f1_std']:.3f})"
+                            for r in close)
                 + f": their one-std intervals overlap; run more seeds to rank them. Cheapest within one "
                 f"std of {best}: {cheap} ({rows[cheap]['bytes_per_task']:,} bytes per task)")
     if len(result.get("settings", {}).get("seeds", [])) == 1:

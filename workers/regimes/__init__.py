@@ -1,4 +1,6 @@
-"""Fine-tuning regimes (frozen, BitFit, LoRA, top-k, gradual, full) measured side by side, and the worker job that runs them.
+"""Fine-tuning regimes (frozen, BitFit, LoRA, top-k, gradual, full) measured side by side, and the
+worker job that runs them.
 
-May import torch, peft, scikit-learn, ``layerbank.cache`` and ``layerbank.workers``; never ``layerbank.app``.
+May import torch, peft, scikit-learn, ``layerbank.cache`` and ``layerbank.workers``; never
+``layerbank.app``.
 """
