@@ -252,7 +252,10 @@ def _run_head(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
     labels = items.labels
     head = fit_head(states, labels, p["view"], head=p["head"], seed=int(p["seed"]), threads=1)
     ctl.progress(1, 2)
-    ctl.check()  # cancelled while fitting: write nothing
+    # cancelled while fitting: write nothing. Ask the catalog now (a lease renewal is refused
+    # once a cancel was asked for): the last heartbeat may be seconds old
+    ctl.lease.write()
+    ctl.check()
     classes, counts = np.unique(np.asarray(labels).astype(str), return_counts=True)
     model = model_summary(info, rec.fingerprint)
     meta = {"layerbank_head_id": rec.id, "name": rec.name, "view": p["view"], "pooling": p["pooling"],
