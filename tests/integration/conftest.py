@@ -236,6 +236,22 @@ def _wait_gone(pid: int, timeout: float) -> None:
     raise TimeoutError(f"process {pid} still alive after {timeout} s")
 
 
+CHROMIUM = "/usr/bin/chromium"  # Debian's package; scripts/test.sh installs it
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium under Playwright (``playwright install`` cannot download browsers here)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])  # root in CI
+        yield b
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def layerbank_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server = ServerProcess(tmp_path_factory.mktemp("shared-server") / "data", SHARED_SETTINGS)

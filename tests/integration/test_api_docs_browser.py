@@ -9,8 +9,6 @@ shared server), Debian's Chromium driven by Playwright.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,19 +17,6 @@ import pytest
 from tests.integration.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
-CHROMIUM = "/usr/bin/chromium"  # Debian's package; scripts/test.sh installs it
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])  # root in CI
-        yield b
-        b.close()
 
 
 def _offline_page(browser: Any, origin: str) -> tuple[Any, Any, list[str], list[str]]:

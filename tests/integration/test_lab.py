@@ -35,7 +35,6 @@ import pytest
 from tests.integration.conftest import DATA, ServerProcess
 
 pytestmark = pytest.mark.integration
-CHROMIUM = "/usr/bin/chromium"  # Debian's package; scripts/test.sh installs it
 N_TEXTS = 200
 T = 240_000  # ms: the longest wait for a job (a loaded 2-core machine)
 
@@ -88,18 +87,6 @@ class Watch:
         assert not self.console, f"browser console errors: {self.console}"
         assert not self.errors, f"uncaught page errors: {self.errors}"
         assert not self.foreign, f"requests to another host: {self.foreign}"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])  # root in CI
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
