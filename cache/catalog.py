@@ -1,5 +1,10 @@
-"""The catalog: SQLite (WAL) index from keys to (shard, row), and the tables
-that other parts of layerbank keep beside it (models, datasets, jobs, heads).
+"""The catalog: an index from keys to (shard, row), and the tables that other
+parts of layerbank keep beside it (models, datasets, jobs, heads).
+
+Two backends with one schema and the same statements: SQLite in WAL mode
+(the embedded default, ``data_dir/catalog.sqlite``) and PostgreSQL for
+several API replicas (``LAYERBANK_CATALOG_URL=postgresql://...``,
+cache/postgres.py translates the few dialect differences).
 
 Only committed shards are listed. A shard and all its rows are registered in
 one transaction, after the file is durable under its final name, so a reader
@@ -15,6 +20,8 @@ Example::
 from __future__ import annotations
 
 import json
+import os
+import re
 import sqlite3
 import threading
 import time
@@ -23,8 +30,22 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .poolings import LEGACY_POOLINGS
+from .postgres import PostgresCatalogDb, is_postgres_url
 
-__all__ = ["Catalog", "Entry"]
+__all__ = ["CATALOG_URL_ENV", "Catalog", "Entry", "catalog_url", "redacted"]
+
+CATALOG_URL_ENV = "LAYERBANK_CATALOG_URL"
+
+
+def catalog_url(url: str | None = None) -> str | None:
+    """The PostgreSQL catalog's URL if one is configured (``url``, else the
+    environment, which ``serve`` passes on to its worker and probe processes);
+    None: the data directory's own SQLite catalog."""
+    url = url or os.environ.get(CATALOG_URL_ENV) or None
+    if url is not None and not is_postgres_url(url):
+        raise ValueError(f"catalog URL {url!r}: only postgresql://... is supported "
+                         "(leave it unset for the data directory's SQLite catalog)")
+    return url
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS shards (
@@ -60,12 +81,21 @@ class Entry:
     poolings: tuple[str, ...] = LEGACY_POOLINGS  # what its shard holds
 
 
-class Catalog:
-    """Thread-safe access to the SQLite catalog (one connection per thread)."""
+def redacted(url: str) -> str:
+    """The URL as logs and messages show it: without its password."""
+    return re.sub(r"(://[^/:@]*):[^/@]*@", r"\1:***@", url)
 
-    def __init__(self, path: str | Path) -> None:
+
+class Catalog:
+    """Thread-safe access to the catalog: SQLite at ``path`` (one connection per
+    thread), or the PostgreSQL database at ``url`` (a connection pool)."""
+
+    def __init__(self, path: str | Path, url: str | None = None) -> None:
         self.path = str(path)
+        self.url = url
         self._local = threading.local()
+        self._pg = PostgresCatalogDb(url) if url is not None else None
+        self.dialect = "sqlite" if self._pg is None else "postgres"
         self.conn().executescript(_SCHEMA)
         from .migrations import migrate  # it imports Catalog
 
@@ -73,6 +103,8 @@ class Catalog:
 
     # -- connections ------------------------------------------------------
     def conn(self) -> sqlite3.Connection:
+        if self._pg is not None:
+            return self._pg.session()  # type: ignore[return-value]  # the same methods
         db = getattr(self._local, "db", None)
         if db is None:
             # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE),
@@ -87,9 +119,14 @@ class Catalog:
         return db
 
     def tx(self) -> "_Tx":
+        if self._pg is not None:
+            return self._pg.tx()  # type: ignore[return-value]
         return _Tx(self.conn())
 
     def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+            return
         db = getattr(self._local, "db", None)
         if db is not None:
             db.close()
@@ -214,12 +251,13 @@ class Catalog:
         db = self.conn()
         n_keys = db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
         n_shards, n_bytes = db.execute("SELECT COUNT(*), COALESCE(SUM(n_bytes),0) FROM shards").fetchone()
-        return {"keys": n_keys, "shards": n_shards, "bytes": n_bytes}
+        return {"keys": int(n_keys), "shards": int(n_shards), "bytes": int(n_bytes)}  # PostgreSQL's SUM is a Decimal
 
     # -- models -----------------------------------------------------------
     def register_model(self, fingerprint: str, name: str, info: dict) -> None:
         with self.tx() as db:
-            db.execute("INSERT OR REPLACE INTO models VALUES (?,?,?,?)",
+            db.execute("INSERT INTO models VALUES (?,?,?,?) ON CONFLICT(fingerprint) DO UPDATE SET "
+                       "name=excluded.name, info=excluded.info, updated=excluded.updated",
                        (fingerprint, name, json.dumps(info), time.time()))
 
     def model_info(self, fingerprint: str) -> dict | None:
@@ -231,7 +269,7 @@ class Catalog:
     def bump(self, name: str, by: int = 1) -> None:
         with self.tx() as db:
             db.execute("INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE "
-                       "SET value = value + excluded.value", (name, by))
+                       "SET value = counters.value + excluded.value", (name, by))
 
     def counter(self, name: str) -> int:
         r = self.conn().execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()

@@ -100,6 +100,9 @@ class JobQueue:
         self.catalog = catalog
         catalog.conn().executescript(_SCHEMA)
         migrate(catalog, "jobs", _MIGRATIONS)
+        # PostgreSQL: claimers on other replicas pass over a row another one is taking
+        # instead of waiting for it; SQLite's BEGIN IMMEDIATE lets one writer in at a time
+        self._skip_locked = " FOR UPDATE SKIP LOCKED" if getattr(catalog, "dialect", "") == "postgres" else ""
 
     def submit(self, kind: str, payload: dict[str, Any], *, priority: int = 0,
                max_attempts: int = 3, job_id: str | None = None) -> str:
@@ -138,7 +141,7 @@ class JobQueue:
             r = db.execute(
                 f"SELECT id FROM jobs WHERE kind IN ({marks}) AND cancel_requested = 0 AND "
                 "(state='queued' OR (state='running' AND lease_until < ?)) "
-                "ORDER BY priority DESC, created LIMIT 1", (*kinds, now)).fetchone()
+                f"ORDER BY priority DESC, created LIMIT 1{self._skip_locked}", (*kinds, now)).fetchone()
             if r is None:
                 return None
             db.execute("UPDATE jobs SET state='running', owner=?, lease_until=?, attempts=attempts+1, "
@@ -233,7 +236,8 @@ class JobQueue:
     # -- worker liveness (for /ready) --------------------------------------
     def worker_seen(self, worker_id: str, pid: int, info: dict[str, Any]) -> None:
         with self.catalog.tx() as db:
-            db.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,?)",
+            db.execute("INSERT INTO workers VALUES (?,?,?,?) ON CONFLICT(id) DO UPDATE SET pid=excluded.pid, "
+                       "info=excluded.info, last_seen=excluded.last_seen",
                        (worker_id, pid, json.dumps(info), time.time()))
 
     def live_workers(self, within_s: float) -> "builtins.list[dict[str, Any]]":

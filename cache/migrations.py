@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from .postgres import SCHEMA_LOCK_SQL
+
 __all__ = ["migrate", "version"]
 
 class Catalog(Protocol):
@@ -37,7 +39,7 @@ _TABLE = "CREATE TABLE IF NOT EXISTS schema_versions (part TEXT PRIMARY KEY, ver
 def version(catalog: Catalog, part: str) -> int:
     """The version ``part`` of this catalog is at (0: never migrated)."""
     db = catalog.conn()
-    db.execute(_TABLE)
+    db.executescript(_TABLE)  # on PostgreSQL under the schema lock (cache/postgres.py)
     row = db.execute("SELECT version FROM schema_versions WHERE part = ?", (part,)).fetchone()
     return 0 if row is None else int(row[0])
 
@@ -47,11 +49,14 @@ def migrate(catalog: Catalog, part: str, steps: Sequence[str]) -> int:
     if version(catalog, part) >= len(steps):  # the usual case: one cheap read, no lock
         return len(steps)
     with catalog.tx() as db:
+        if getattr(catalog, "dialect", "sqlite") == "postgres":  # SQLite's BEGIN IMMEDIATE already serialises
+            db.execute(SCHEMA_LOCK_SQL)
         row = db.execute("SELECT version FROM schema_versions WHERE part = ?", (part,)).fetchone()
         have = 0 if row is None else int(row[0])
         for sql in steps[have:]:
             for statement in filter(str.strip, sql.split(";")):  # executescript would commit the tx
                 db.execute(statement)
         if have < len(steps):
-            db.execute("INSERT OR REPLACE INTO schema_versions VALUES (?, ?)", (part, len(steps)))
+            db.execute("INSERT INTO schema_versions VALUES (?, ?) ON CONFLICT(part) DO UPDATE SET "
+                       "version = excluded.version", (part, len(steps)))
     return len(steps)

@@ -2,7 +2,8 @@
 
 Directory layout under ``data_dir``::
 
-    catalog.sqlite      the catalog (WAL mode; keep it on local disk)
+    catalog.sqlite      the catalog (WAL mode; keep it on local disk), unless
+                        LAYERBANK_CATALOG_URL names a PostgreSQL one (replicas)
     shards/*.h5         committed, write-once shards
     quarantine/*.h5     shards whose checksum failed, kept for inspection
 
@@ -31,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from .catalog import Catalog, Entry
+from .catalog import catalog_url as configured_url
 from .keys import ExtractionConfig, text_key
 from .poolings import POOLING_NAMES
 from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
@@ -60,17 +62,22 @@ class ReadResult:
 class FeatureStore:
     """Keys in, feature rows out; shards written once and committed atomically."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], *, clean: bool = False) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], *, clean: bool = False,
+                 catalog_url: str | None = None) -> None:
+        """``catalog_url``: a PostgreSQL catalog (default: ``LAYERBANK_CATALOG_URL``, else
+        ``catalog.sqlite`` in ``data_dir``). ``clean``: remove a crash's leftovers, for a
+        process that holds the directory alone (SQLite); beside replicas only the
+        worker's careful clean-up runs (cache/leftovers.py)."""
         self.root = Path(data_dir)
         self.shard_dir = self.root / "shards"
         self.quarantine_dir = self.root / "quarantine"
         for d in (self.root, self.shard_dir, self.quarantine_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.catalog = Catalog(self.root / "catalog.sqlite")
+        self.catalog = Catalog(self.root / "catalog.sqlite", configured_url(catalog_url))
         self._record_poolings()
         self._readers: OrderedDict[str, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
-        if clean:
+        if clean and self.catalog.dialect == "sqlite":
             self.clean()
 
     # -- keys -------------------------------------------------------------

@@ -21,6 +21,16 @@ Fixtures
 ``tiny_api`` / ``tiny_api_factory(worker=True, **settings)`` (function)
     The HTTP app in a ``TestClient`` with a ``layerbank.workers.worker.Worker`` running
     in a thread on the tiny model: ``.client``, ``.worker``, ``.settings``.
+``catalog_backend`` (session, autouse, parametrised)
+    Every test runs once per catalog backend named in ``LAYERBANK_TEST_CATALOGS``
+    (``sqlite`` by default, for a quick local run; ``scripts/test.sh``, README's
+    test command and CI, runs ``sqlite,postgres``). For
+    ``postgres`` a real PostgreSQL server runs for the session
+    (tests/postgres_server.py) and ``LAYERBANK_CATALOG_URL`` names a fresh schema
+    per test (per module for tests that use module-scoped stores or servers), so
+    every ``FeatureStore``, server, worker and probe process of the test uses it.
+    Tests marked ``sqlite_only`` (the SQLite file itself: its pages, its lock,
+    its WAL) are deselected for ``postgres``, not skipped.
 
 Example::
 
@@ -42,6 +52,82 @@ import pytest
 # data directory's first start; the engine tests ask for it, every other test runs torch
 # (in this process and the CLI processes it starts, which inherit the environment)
 os.environ.setdefault("LAYERBANK_ENGINE", "torch")
+os.environ.pop("LAYERBANK_CATALOG_URL", None)  # a developer's own catalog never reaches a test
+
+CATALOGS = [c.strip() for c in os.environ.get("LAYERBANK_TEST_CATALOGS", "sqlite").split(",")
+            if c.strip()]
+# fixtures of a wider scope that hold no catalog: a test using only these gets a schema of its own
+_NO_CATALOG = {"tiny_model_dir", "catalog_backend", "postgres_server", "_module_catalog"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: about the SQLite catalog file itself; "
+                            "deselected on the PostgreSQL backend")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        backend = getattr(item, "callspec", None) and item.callspec.params.get("catalog_backend")
+        (drop if backend == "postgres" and item.get_closest_marker("sqlite_only") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A real PostgreSQL server for the whole session (tests/postgres_server.py)."""
+    import tempfile
+
+    from tests.postgres_server import PostgresServer
+
+    server = PostgresServer.start(Path(tempfile.mkdtemp(prefix="layerbank-pg-")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", params=CATALOGS, autouse=True)
+def catalog_backend(request: pytest.FixtureRequest) -> str:
+    """The catalog backend this pass of the suite runs on: "sqlite" or "postgres"."""
+    return str(request.param)
+
+
+def _use_schema(request: pytest.FixtureRequest, backend: str) -> Iterator[None]:
+    if backend != "postgres":
+        yield
+        return
+    old = os.environ.get("LAYERBANK_CATALOG_URL")
+    os.environ["LAYERBANK_CATALOG_URL"] = request.getfixturevalue("postgres_server").new_schema_url()
+    yield
+    if old is None:
+        os.environ.pop("LAYERBANK_CATALOG_URL", None)
+    else:
+        os.environ["LAYERBANK_CATALOG_URL"] = old
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Iterator[None]:
+    """A schema for the module's wider-scoped stores and servers (set before they start)."""
+    yield from _use_schema(request, catalog_backend)
+
+
+def _shares_module_data(request: pytest.FixtureRequest) -> bool:
+    for name in request.fixturenames:
+        defs = request._fixturemanager.getfixturedefs(name, request.node)  # noqa: SLF001
+        # ours (pytest's own, like tmp_path_factory, have no base id) and wider than a test
+        if name not in _NO_CATALOG and defs and defs[-1].baseid and defs[-1].scope != "function":
+            return True
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _test_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Iterator[None]:
+    """A schema of the test's own, unless it works on a module's store or server."""
+    if _shares_module_data(request):
+        yield
+    else:
+        yield from _use_schema(request, catalog_backend)
 
 TINY_LAYERS = 2
 TINY_HIDDEN = 32

@@ -53,6 +53,14 @@ class ModelRef:
     precision: str
     info: dict[str, Any]
 
+    @classmethod
+    def from_info(cls, fingerprint: str, info: dict[str, Any]) -> ModelRef:
+        """The model as the catalog's ``models`` table holds it (registered by a worker)."""
+        cfg = json.loads(info["config"])
+        return cls(fingerprint, info["config"], str(info.get("name", fingerprint)),
+                   int(info["n_hidden_states"]), int(info["hidden_size"]),
+                   str(cfg.get("storage_dtype", "float16")), str(cfg.get("precision", "fp32")), info)
+
     def names(self) -> list[str]:
         """Every name a request's ``model`` may use for this model."""
         path = str(self.info.get("path", ""))
@@ -94,10 +102,15 @@ class ModelRef:
 class AppState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = FeatureStore(settings.data_dir)
+        self.store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url)
         self.queue = JobQueue(self.store.catalog)
         self.datasets = DatasetStore(self.store.catalog)
         self.model: ModelRef | None = None
+        # several models (app/api/served_models.py): every model the live worker serves, as it
+        # describes them, and those whose config it registered, by fingerprint
+        self.served: list[dict[str, Any]] = []
+        self.models: dict[str, ModelRef] = {}
+        self.loading: dict[str, str] = {}  # fingerprint -> id of the job loading it
         self.rows = RowCache(ROW_CACHE_BYTES, dtype="float32")  # replaced once the model is known
         self.workers: list[dict[str, Any]] = []
         self.host = socket.gethostname()
@@ -119,19 +132,31 @@ class AppState:
         self.workers = live
         if not live:
             return
+        self._refresh_others(live[0].get("models") or [])
         fp = str(live[0].get("fingerprint") or "")
         if not fp or (self.model is not None and self.model.fingerprint == fp):
             return
         info = self.store.catalog.model_info(fp)
         if info is None:
             return
-        cfg = json.loads(info["config"])
-        self.model = ModelRef(fp, info["config"], str(info.get("name", fp)),
-                              int(info["n_hidden_states"]), int(info["hidden_size"]),
-                              str(cfg.get("storage_dtype", "float16")),
-                              str(cfg.get("precision", "fp32")), info)
+        self.model = ModelRef.from_info(fp, info)
         # rows are kept in the storage dtype: float16 in memory loses nothing stored as float16
         self.rows = RowCache(ROW_CACHE_BYTES, dtype=self.model.storage_dtype)
+
+    def _refresh_others(self, served: list[dict[str, Any]]) -> None:
+        """The served models besides the default; a config counts only once the live
+        worker has registered it in this run (settings may have changed since an older one)."""
+        self.served = [m for m in served if not m.get("default")]
+        models = {}
+        for m in self.served:
+            fp = str(m.get("fingerprint", ""))
+            if not m.get("registered"):
+                continue
+            if fp in self.models:
+                models[fp] = self.models[fp]
+            elif (info := self.store.catalog.model_info(fp)) is not None:
+                models[fp] = ModelRef.from_info(fp, info)
+        self.models = models
 
     def _process_alive(self, w: dict[str, Any]) -> bool:
         if w.get("host") != self.host:

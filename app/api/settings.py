@@ -18,9 +18,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from layerbank.cache.keys import PrecisionChoice
 from layerbank.cache.poolings import DEFAULT_POOLINGS, POOLING_NAMES, PoolingName, parse_poolings
 
-__all__ = ["DEFAULT_DATA_DIR", "Settings", "get_settings"]
+__all__ = ["DEFAULT_DATA_DIR", "EMBEDDED_MODEL", "Settings", "get_settings"]
 
 DEFAULT_DATA_DIR = Path("layerbank-data")
+EMBEDDED_MODEL = "embedded"  # in a list of models: the bundled all-MiniLM-L6-v2
 
 
 class Settings(BaseSettings):
@@ -29,8 +30,20 @@ class Settings(BaseSettings):
     # where everything lives
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="catalog, shards, heads (relative to cwd)")
 
+    # None: data_dir/catalog.sqlite, one server per directory; postgresql://...: one catalog
+    # for several API replicas sharing the shard directory (docs/operations.md)
+    catalog_url: str | None = Field(None, description="PostgreSQL catalog for replicas "
+                                    "(postgresql://user@host/db); empty = SQLite in the data directory")
+
     # the encoder and what changes the stored numbers
     model: str | None = Field(None, description="model name or path; empty = embedded all-MiniLM-L6-v2")
+    # several encoders in one server (docs/operations.md): the first is the default, the others
+    # load on first use; "embedded" names the bundled model
+    models: str = Field("", description="models served, comma-separated; the first is the default "
+                        "(--model given more than once)")
+    model_memory_mb: int | None = Field(None, ge=1, description="memory for loaded encoders' weights; "
+                                        "the least recently used is unloaded to stay within it "
+                                        "(default: half of the device's memory)")
     device: str = "auto"
     precision: PrecisionChoice = "default"
     # what runs the forward pass on a CPU at fp32: torch, ONNX Runtime, or the faster of the two as
@@ -77,10 +90,37 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
 
-    @field_validator("model", "api_key", "ray_address", mode="before")
+    @field_validator("model", "api_key", "ray_address", "catalog_url", mode="before")
     @classmethod
     def _empty_is_none(cls, v: object) -> object:
         return None if v == "" else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _several_models(cls, data: object) -> object:
+        """``--model`` given more than once arrives as a list: the first is the default."""
+        if isinstance(data, dict) and isinstance(data.get("model"), (list, tuple)):
+            names = [str(m) for m in data["model"]]
+            data = {**data, "model": names[0] if names else None}
+            if len(names) > 1:
+                data["models"] = ",".join(names)
+        return data
+
+    @model_validator(mode="after")
+    def _default_model_first(self) -> "Settings":
+        served = [m.strip() for m in self.models.split(",") if m.strip()]
+        if self.model is not None and self.model not in served:
+            served.insert(0, self.model)
+        if served:
+            self.model = None if served[0] == EMBEDDED_MODEL else served[0]
+            self.models = ",".join(dict.fromkeys(served)) if len(set(served)) > 1 else ""
+        return self
+
+    @property
+    def served_models(self) -> list[str | None]:
+        """Every model this server serves, the default first (None: the embedded model)."""
+        names = [m for m in self.models.split(",") if m] or [self.model or EMBEDDED_MODEL]
+        return [None if m == EMBEDDED_MODEL else m for m in names]
 
     @field_validator("poolings", mode="before")
     @classmethod

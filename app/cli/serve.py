@@ -40,6 +40,8 @@ log = logging.getLogger("layerbank.serve")
 # flags that are Settings fields: (flag, help)
 _FLAGS = [
     ("--host", "address to listen on (default 127.0.0.1)"),
+    ("--catalog-url", "PostgreSQL catalog (postgresql://user@host/db) for several replicas on one "
+                      "shard directory; default: catalog.sqlite in --data-dir, one server"),
     ("--port", "port (default 8000; 0 picks a free one)"),
     ("--api-key", "require 'Authorization: Bearer KEY' on every route but /health"),
     ("--allowed-hosts", "without a key: host names to answer to besides loopback and --host "
@@ -54,6 +56,8 @@ _FLAGS = [
     ("--max-dataset-texts", "texts in one dataset (default 1000000)"),
     ("--max-tokens-per-batch", "padded tokens in one encoder batch (default 4096 on CPU, 16384 on CUDA)"),
     ("--part-size", "texts per shard (default 2048)"),
+    ("--model-memory-mb", "memory for loaded encoders when several --model are served; the least "
+                          "recently used is unloaded (default: half of the device's memory)"),
     ("--lease-seconds", "job lease; a job whose worker stops renewing it runs again (default 30)"),
     ("--heartbeat-seconds", "lease renewal and worker liveness interval (default 5)"),
     ("--max-attempts", "times a job is tried before it fails (default 3)"),
@@ -63,7 +67,7 @@ _FLAGS = [
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="HTTP API and its extraction worker")
-    add_common_flags(p)
+    add_common_flags(p, several_models=True)
     add_poolings_flag(p)
     for flag, help_ in _FLAGS:
         add_flag(p, flag, help=help_)
@@ -127,6 +131,26 @@ def _check_catalog(data_dir: Path) -> None:
         print(f"layerbank: repair: {line}", file=sys.stderr, flush=True)
 
 
+class _NoLock:
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def _check_postgres(url: str) -> None:
+    """Reach the PostgreSQL catalog (creating its tables) before anything starts, or
+    stop with one line; its worker and probe processes find it in the environment."""
+    from layerbank.cache.catalog import CATALOG_URL_ENV, Catalog, redacted
+
+    os.environ[CATALOG_URL_ENV] = url
+    try:
+        Catalog("", url).close()
+    except Exception as e:  # noqa: BLE001  (psycopg's errors: refused, auth, no such database)
+        fail(f"cannot use the catalog at {redacted(url)}: {str(e).strip().splitlines()[0]}")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if not is_loopback(settings.host) and not settings.api_key and not settings.insecure:
@@ -145,14 +169,20 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("layerbank").setLevel(level)
     data_dir = settings.data_dir.resolve()
     settings = settings.model_copy(update={"data_dir": data_dir})
-    lock = DataDirLock(data_dir)
+    replica = settings.catalog_url is not None
+    if replica:
+        _check_postgres(settings.catalog_url)  # type: ignore[arg-type]
+    # replicas share the directory: the lock and the start-up clean-up are the SQLite server's
+    # alone; beside replicas each worker removes only what no live writer owns (cache/leftovers.py)
+    lock = _NoLock() if replica else DataDirLock(data_dir)
     try:
         lock.acquire()
     except DataDirBusy as e:
         fail(str(e))
     try:
-        _check_catalog(data_dir)
-        FeatureStore(data_dir, clean=True).close()  # temp files and uncommitted shards of a crash
+        if not replica:
+            _check_catalog(data_dir)
+            FeatureStore(data_dir, clean=True).close()  # temp files and uncommitted shards of a crash
         sock = _bind(settings.host, settings.port)
         host, port = sock.getsockname()[:2]
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -171,8 +201,10 @@ def run(args: argparse.Namespace) -> int:
                 state.worker_restarts = n
 
         supervisor = WorkerSupervisor(settings, on_fatal=on_fatal, on_restart=on_restart).start()
-        info_path = data_dir / "server.json"
-        info_path.write_text(json.dumps({"url": url, "host": host, "port": port, "pid": os.getpid()}))
+        # replicas on one directory each say where they listen, in a file of their own
+        info_path = data_dir / (f"server-{os.getpid()}.json" if replica else "server.json")
+        info_path.write_text(json.dumps({"url": url, "host": host, "port": port, "pid": os.getpid(),
+                                         "hostname": socket.gethostname()}))
         print(f"layerbank: serving {url} (data {data_dir}); the worker is loading the model, "
               "/ready answers 200 once it has", file=sys.stderr, flush=True)
         try:

@@ -28,7 +28,7 @@ from typing import Any
 from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, settings_from
 from layerbank.app.api.settings import Settings
 
-__all__ = ["FATAL_EXIT", "WorkerSupervisor", "register", "run", "settings_env"]
+__all__ = ["FATAL_EXIT", "WorkerSupervisor", "register", "run", "served_models", "settings_env"]
 
 log = logging.getLogger("layerbank.serve")  # the supervisor runs in serve
 FATAL_EXIT = 3
@@ -37,10 +37,11 @@ _HARD_EXIT_S = 20.0  # a stop that takes longer than this (a stuck batch) ends t
 
 def register(sub: Any) -> None:
     p = sub.add_parser("worker", help="run the extraction worker (layerbank serve starts it)")
-    add_common_flags(p)
+    add_common_flags(p, several_models=True)
     add_poolings_flag(p)
     add_flag(p, "--parent-pid", type=int, help="exit when this process is gone")
     add_flag(p, "--part-size", help="texts per shard")
+    add_flag(p, "--model-memory-mb", help="memory for loaded encoders (several --model)")
     add_flag(p, "--max-tokens-per-batch", help="padded tokens per encoder batch")
     add_flag(p, "--lease-seconds", help="job lease")
     add_flag(p, "--heartbeat-seconds", help="lease renewal and liveness interval")
@@ -75,9 +76,14 @@ def run(args: argparse.Namespace) -> int:
 
     # what auto chose and the measured ratio behind it (also in /info)
     print(f"layerbank worker: {choices_line(encoder.info)}", file=sys.stderr, flush=True)
-    store = FeatureStore(settings.data_dir)
+    store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url)
     store.catalog.register_model(encoder.fingerprint, encoder.name,
                                  {**encoder.info, "config": encoder.config.canonical()})
+    try:  # the other served models: located now (a missing one stops the server), loaded on first use
+        models = served_models(settings, encoder, store)
+    except ModelLoadError as e:
+        print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
+        return FATAL_EXIT
     from layerbank.workers.backends import RayBackend, make_backend
     from layerbank.workers.ray_backend import RayUnavailable
 
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(store, encoder, WorkerOptions(
         lease_seconds=settings.lease_seconds, heartbeat_seconds=settings.heartbeat_seconds,
         part_size=settings.part_size, max_tokens=settings.max_tokens_per_batch,
-        parent_pid=args.parent_pid), backend=backend)
+        parent_pid=args.parent_pid), backend=backend, models=models)
 
     signals: list[int] = []
 
@@ -128,6 +134,26 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def served_models(settings: Settings, encoder: Any, store: Any) -> Any:
+    """The worker's ``ModelPool``: ``encoder`` (the default) and every other served model,
+    each loaded with the same extraction settings and registered in the catalog on load."""
+    from layerbank.workers.encoder import Encoder
+    from layerbank.workers.model_pool import ModelPool, ServedModel, default_budget_bytes
+    from layerbank.workers.model_source import locate_model
+
+    def load(entry: ServedModel) -> Encoder:
+        return Encoder.load(entry.spec, **settings.extraction_options(),  # type: ignore[arg-type]
+                            data_dir=settings.data_dir)
+
+    def register(enc: Encoder) -> None:
+        store.catalog.register_model(enc.fingerprint, enc.name, {**enc.info, "config": enc.config.canonical()})
+
+    others = [ServedModel(locate_model(m), m) for m in settings.served_models[1:]]
+    budget = (settings.model_memory_mb * 2**20 if settings.model_memory_mb
+              else default_budget_bytes(encoder.device.type))
+    return ModelPool(encoder, others, load=load, budget_bytes=budget, on_load=register)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -117,6 +117,7 @@ def _old_data_dir(root: Path) -> Path:
     return root
 
 
+@pytest.mark.sqlite_only  # an old catalog.sqlite file
 def test_an_old_catalog_is_migrated_and_learns_poolings_from_the_shard_files(tmp_path: Path) -> None:
     root = _old_data_dir(tmp_path / "data")
     store = FeatureStore(root)

@@ -19,6 +19,9 @@ from layerbank.cache.store import FeatureStore
 from .test_shard_damage import flip_chunk
 from .test_store import CFG, contents, key
 
+# the SQLite file itself: its pages, its header; a PostgreSQL catalog is repaired by PostgreSQL
+pytestmark = pytest.mark.sqlite_only
+
 
 def _page_of(path: Path, table: str) -> tuple[int, int]:
     db = sqlite3.connect(path)

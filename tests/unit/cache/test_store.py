@@ -142,6 +142,7 @@ def test_a_recommitted_shard_is_read_fresh_not_from_a_stale_handle(store: Featur
     assert store.catalog.counter("quarantined_shards") == 0
 
 
+@pytest.mark.sqlite_only  # clean at open is the lone SQLite server's; replicas: test_leftovers
 def test_clean_removes_temp_files_and_uncommitted_shards(store: FeatureStore, three_shards) -> None:  # type: ignore[no-untyped-def]
     (store.shard_dir / "job-00001.h5.tmp").write_bytes(b"half a shard")
     shutil.copy(store.shard_dir / "a.h5", store.shard_dir / "crashed-00000.h5")

@@ -1,0 +1,208 @@
+"""The catalog on PostgreSQL: the same SQL as on SQLite, through a connection pool.
+
+Several API replicas, their workers and probe processes share one catalog
+here (docs/operations.md). The tables, statements and semantics are the
+SQLite catalog's (cache/catalog.py, jobs.py, datasets.py, ...); this module
+makes the few dialect differences disappear, so there is one copy of every
+statement:
+
+- placeholders: ``?`` becomes ``%s`` (and a literal ``%``, as in a LIKE
+  pattern, ``%%``);
+- column types in CREATE/ALTER: ``REAL`` is PostgreSQL's 4-byte float (a
+  timestamp would lose its seconds), so it becomes ``DOUBLE PRECISION``;
+  ``INTEGER`` becomes ``BIGINT`` (byte counts pass 2**31);
+- schema scripts run in one transaction under an advisory lock, because
+  PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a second
+  process doing the same at the same moment (two replicas starting together).
+
+Connections: a ``psycopg_pool.ConnectionPool``. A statement outside a
+transaction borrows a connection for that one statement (autocommit) and
+returns its rows already fetched, so the FastAPI thread pool's 40 threads
+never pin 40 connections; ``tx()`` holds one connection for the whole
+transaction, and a ``tx()`` nested in it is a savepoint, as on SQLite.
+
+Example::
+
+    db = PostgresCatalogDb("postgresql://lb@db/layerbank")
+    with db.tx() as c:
+        c.execute("UPDATE jobs SET state = ? WHERE id = ?", ("queued", job_id))
+    db.session().execute("SELECT COUNT(*) FROM entries").fetchone()
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import zlib
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+if TYPE_CHECKING:  # psycopg is the `postgres` extra: SQLite users never import it
+    from psycopg_pool import ConnectionPool
+
+__all__ = ["SCHEMA_LOCK_SQL", "PostgresCatalogDb", "is_postgres_url", "translate"]
+
+# schema changes one process at a time: held until the transaction ends
+SCHEMA_LOCK_SQL = f"SELECT pg_advisory_xact_lock({zlib.crc32(b'layerbank schema')})"
+_TYPES = [(re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\bINTEGER\b"), "BIGINT")]
+_cache: dict[str, str] = {}
+
+
+def is_postgres_url(url: str | None) -> bool:
+    return bool(url) and str(url).split("://", 1)[0] in ("postgresql", "postgres")
+
+
+def translate(sql: str) -> str:
+    """A statement written for SQLite, as PostgreSQL takes it (cached: statements repeat)."""
+    out = _cache.get(sql)
+    if out is None:
+        out = sql.replace("%", "%%").replace("?", "%s")
+        if out.lstrip()[:6].upper() in ("CREATE", "ALTER "):
+            for pattern, pg_type in _TYPES:
+                out = pattern.sub(pg_type, out)
+        _cache[sql] = out
+    return out
+
+
+class Rows:
+    """A finished statement's rows and row count (the connection is already back in the pool)."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
+        self._rows, self.rowcount, self._i = rows, rowcount, 0
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        if self._i >= len(self._rows):
+            return None
+        self._i += 1
+        return self._rows[self._i - 1]
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        rest, self._i = self._rows[self._i:], len(self._rows)
+        return rest
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.fetchall())
+
+
+def _run(conn: Any, sql: str, args: Sequence[Any] = ()) -> Rows:
+    cur = conn.execute(translate(sql), tuple(args))
+    return Rows(cur.fetchall() if cur.description is not None else [], cur.rowcount)
+
+
+class Session:
+    """What ``Catalog.conn()`` returns on PostgreSQL: sqlite3.Connection's
+    ``execute``/``executemany``/``executescript``, on this thread's transaction
+    when one is open, else on a connection borrowed for the one statement."""
+
+    def __init__(self, db: "PostgresCatalogDb") -> None:
+        self.db = db
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.db._held() is not None
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
+        conn = self.db._held()
+        if conn is not None:
+            return _run(conn, sql, args)
+        with self.db.pool.connection() as conn:
+            return _run(conn, sql, args)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Rows:
+        rows = [tuple(r) for r in rows]
+        with self.db.tx():
+            conn = self.db._held()
+            with conn.cursor() as cur:
+                if rows:
+                    cur.executemany(translate(sql), rows)
+                return Rows([], cur.rowcount)
+
+    def executescript(self, script: str) -> None:
+        """DDL, one transaction, one process at a time (see the module's docstring)."""
+        with self.db.tx() as c:
+            c.execute(SCHEMA_LOCK_SQL)
+            for statement in filter(str.strip, script.split(";")):
+                c.execute(statement)
+
+    def close(self) -> None:  # the pool owns the connections
+        pass
+
+
+class _Tx:
+    """``with db.tx() as c``: BEGIN … COMMIT on one pooled connection, ROLLBACK on
+    error; nested on the same thread, a savepoint (as cache/catalog.py's on SQLite)."""
+
+    def __init__(self, db: "PostgresCatalogDb") -> None:
+        self.db = db
+        self._ctx: Any = None
+
+    def __enter__(self) -> Session:
+        local = self.db._local
+        if getattr(local, "conn", None) is None:
+            self._ctx = self.db.pool.connection()
+            local.conn, local.depth = self._ctx.__enter__(), 0
+            local.conn.execute("BEGIN")
+        else:
+            local.depth += 1
+            local.conn.execute(f"SAVEPOINT lb_{local.depth}")
+        return self.db.session()
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+        local = self.db._local
+        if self._ctx is None:  # a savepoint
+            if exc_type:
+                local.conn.execute(f"ROLLBACK TO SAVEPOINT lb_{local.depth}")
+            local.conn.execute(f"RELEASE SAVEPOINT lb_{local.depth}")
+            local.depth -= 1
+            return
+        conn, local.conn = local.conn, None
+        try:
+            if not conn.closed:
+                conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self._ctx.__exit__(exc_type, exc, tb)  # back to the pool (a broken one is discarded)
+
+
+class PostgresCatalogDb:
+    """A pool of autocommit connections to one PostgreSQL database."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, max_size: int = 16, timeout_s: float = 30.0) -> None:
+
+        self.url, self._max_size, self._timeout_s = url, max_size, timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool | None = None
+        self._session = Session(self)
+        self.pool  # noqa: B018  (connect now: a wrong URL fails here, not at the first request)
+
+    @property
+    def pool(self) -> "ConnectionPool":
+        """The pool, opened again after ``close()`` (as a SQLite catalog reconnects)."""
+        pool = self._pool
+        if pool is None or pool.closed:
+            from psycopg_pool import ConnectionPool
+
+            with self._lock:
+                if self._pool is None or self._pool.closed:
+                    self._pool = ConnectionPool(
+                        self.url, min_size=1, max_size=self._max_size, timeout=self._timeout_s,
+                        kwargs={"autocommit": True}, open=False, check=ConnectionPool.check_connection,
+                        name="layerbank-catalog")
+                    self._pool.open(wait=True, timeout=self._timeout_s)
+                pool = self._pool
+        return pool
+
+    def _held(self) -> Any:
+        return getattr(self._local, "conn", None)
+
+    def session(self) -> Session:
+        return self._session
+
+    def tx(self) -> _Tx:
+        return _Tx(self)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
