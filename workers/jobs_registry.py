@@ -14,10 +14,13 @@ worker only through the ``JobHost`` protocol.
 
 Built-in kinds:
 
-    encode   {"texts": [...], "model": str | None, "want_tokens": bool}
-             the synchronous misses of HTTP requests (priority ENCODE_PRIORITY)
-    extract  {"dataset_id": str, "want_tokens": bool}
-             a dataset's extraction (priority 0)
+    encode      {"texts": [...], "model": str | None, "want_tokens": bool}
+                the synchronous misses of HTTP requests (priority ENCODE_PRIORITY)
+    extract     {"dataset_id": str, "want_tokens": bool}
+                a dataset's extraction (priority 0), by the dataset's model
+    load_model  {"model": str}
+                load a served model on its first use and register it, so the API
+                can make its keys (priority ENCODE_PRIORITY)
 
 To add a kind, in your own module::
 
@@ -65,11 +68,12 @@ __all__ = [
     "register_kind",
     "run_encode",
     "run_extract",
+    "run_load_model",
 ]
 
 ENCODE_PRIORITY = 100
 CPU_ENCODE_MAX_TOKENS = 512  # see encode_budget
-URGENT_KINDS = ("encode",)  # run between the batches of any other kind
+URGENT_KINDS = ("encode", "load_model")  # run between the batches of any other kind
 
 Handler = Callable[["JobContext"], Any]
 JOB_KINDS: dict[str, Handler] = {}
@@ -88,7 +92,7 @@ class JobHost(Protocol):
     stopping: threading.Event
     options: Any  # WorkerOptions
 
-    def encoder_at(self, precision: str | None) -> Encoder: ...
+    def encoder_at(self, precision: str | None, model: str | None = None) -> Encoder: ...
 
     def serve_urgent(self) -> None: ...
 
@@ -143,11 +147,8 @@ def run_encode(ctx: JobContext) -> dict[str, Any]:
     "precision": str | None, "want_tokens": bool}`` (precision: the resolved
     mode the API made the keys for; None: as served)."""
     p = ctx.job.payload
-    enc = ctx.worker.encoder_at(p.get("precision"))
-    model = p.get("model")
-    if model not in (None, enc.fingerprint, enc.name, enc.info.get("name")):
-        raise JobError(f"this worker serves {enc.info.get('name')!r} ({enc.fingerprint}), "
-                       f"not {model!r}")
+    # the model the API made the keys for (its fingerprint); another served one loads now
+    enc = ctx.worker.encoder_at(p.get("precision"), model=p.get("model"))
     summary = extract(list(p["texts"]), ctx.store, enc, job_id=ctx.job.id,
                       want_tokens=bool(p.get("want_tokens")), part_size=ctx.options.part_size,
                       max_tokens=encode_budget(ctx), should_continue=ctx.should_continue)
@@ -176,8 +177,8 @@ def run_extract(ctx: JobContext) -> dict[str, Any]:
     ds = ctx.datasets.get(ds_id)
     if ds is None:
         raise JobError(f"dataset {ds_id} was deleted before it was extracted")
-    # the dataset was registered at a precision of its own (part of its config)
-    enc = ctx.worker.encoder_at(json.loads(ds.config).get("precision"))
+    # the dataset was registered for a model and at a precision of its own (part of its config)
+    enc = ctx.worker.encoder_at(json.loads(ds.config).get("precision"), model=ds.meta.get("fingerprint"))
     fp = ds.meta.get("fingerprint", enc.fingerprint)
     if fp != enc.fingerprint or ds.config != enc.config.canonical():
         raise JobError(f"dataset {ds_id} was registered for model {ds.model!r} ({fp}) with config "
@@ -191,3 +192,15 @@ def run_extract(ctx: JobContext) -> dict[str, Any]:
                                      encoder=enc)
     _count(ctx, summary)
     return summary.as_dict()
+
+
+@register_kind("load_model")
+def run_load_model(ctx: JobContext) -> dict[str, Any]:
+    """Load a served model on its first use: payload ``{"model": name or fingerprint}``.
+
+    Loading registers its shape and extraction config in the catalog (the
+    API makes its keys from them, without torch); unloading it later to
+    stay within the memory budget keeps that registration.
+    """
+    enc = ctx.worker.encoder_at(None, model=str(ctx.job.payload["model"]))
+    return {"fingerprint": enc.fingerprint, "name": enc.info.get("name")}

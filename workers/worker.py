@@ -61,6 +61,7 @@ from layerbank.cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
 from .encoder import Encoder
+from .model_pool import ModelPool, UnknownModel
 from .jobs_registry import (ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobContext, JobError,
                             register_kind)
 
@@ -97,9 +98,13 @@ class WorkerOptions:
 
 class Worker:
     def __init__(self, store: FeatureStore, encoder: Encoder, options: WorkerOptions | None = None,
-                 *, kinds: list[str] | None = None, backend: ExtractionBackend | None = None) -> None:
+                 *, kinds: list[str] | None = None, backend: ExtractionBackend | None = None,
+                 models: ModelPool | None = None) -> None:
         self.store = store
         self.encoder = encoder
+        # every served model; ``encoder`` is its default (workers/model_pool.py)
+        self.models = models or ModelPool(encoder)
+        self._in_use: list[str] = []  # fingerprints the running jobs (urgent ones nested) hold
         self.options = options or WorkerOptions()
         # where dataset extraction runs (workers/backends.py); encode jobs always run here
         self.backend: ExtractionBackend = backend or EmbeddedBackend(
@@ -115,23 +120,37 @@ class Worker:
         self.current: str | None = None
         self._urgent_depth = 0
         self._started = time.time()
-        self._at_precision: dict[str, Encoder] = {}
+        self._at_precision: dict[tuple[str, str], Encoder] = {}
 
-    def encoder_at(self, precision: str | None) -> Encoder:
-        """The served encoder at a job's precision (None: as served).
+    def encoder_at(self, precision: str | None, model: str | None = None) -> Encoder:
+        """A served encoder (``model``: a name or fingerprint; None: the default)
+        at a job's precision (None: as served).
 
-        Same weights and tokenizer (``Encoder.with_precision``), so another
-        mode costs no memory; kept per mode. JobError for a mode this
-        device cannot run (fp16 on a CPU).
+        Another model is loaded on first use (``ModelPool``); another mode
+        shares the weights and tokenizer (``Encoder.with_precision``), so it
+        costs no memory; kept per model and mode. JobError for a model this
+        worker does not serve or a mode this device cannot run (fp16 on a CPU).
         """
-        if precision is None or precision == self.encoder.config.precision:
-            return self.encoder
-        if precision not in self._at_precision:
+        loads = self.models.loads
+        try:
+            base = self.models.get(model, keep=self._in_use)
+        except UnknownModel as e:
+            raise JobError(str(e)) from None
+        self._in_use.append(base.fingerprint)
+        if self.models.loads != loads:
+            self.seen()  # the API learns at once that this model's config is in the catalog
+        if precision is None or precision == base.config.precision:
+            return base
+        # variants of unloaded models go with them
+        self._at_precision = {k: v for k, v in self._at_precision.items()
+                              if k[0] == self.encoder.fingerprint or k[0] in self.models.loaded}
+        key = (base.fingerprint, precision)
+        if key not in self._at_precision:
             try:
-                self._at_precision[precision] = self.encoder.with_precision(precision)
+                self._at_precision[key] = base.with_precision(precision)
             except ValueError as e:
                 raise JobError(f"precision {precision}: {e}") from None
-        return self._at_precision[precision]
+        return self._at_precision[key]
 
     # -- life cycle -------------------------------------------------------
     def stop(self) -> None:
@@ -179,7 +198,8 @@ class Worker:
     def seen(self, state: str | None = None) -> None:
         info = {"fingerprint": self.encoder.fingerprint, "model": self.encoder.info.get("name"),
                 "host": self.host, "kinds": self.kinds, "started": self._started,
-                "state": state or ("running" if self.current else "idle"), "job": self.current}
+                "state": state or ("running" if self.current else "idle"), "job": self.current,
+                "models": self.models.describe()}
         self.queue.worker_seen(self.id, os.getpid(), info)
 
     def _liveness(self) -> None:
@@ -214,10 +234,12 @@ class Worker:
             return handler(ctx)
 
         outer, self.current = self.current, job.id
+        holding = len(self._in_use)
         try:
             run_claimed(self.queue, job, self.id, run, lease, stopping=self.stopping)
         finally:
             self.current = outer
+            del self._in_use[holding:]  # this job's models may be unloaded again
 
     def serve_urgent(self) -> None:
         """Run waiting encode jobs now (called between batches of long jobs)."""

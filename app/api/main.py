@@ -39,6 +39,7 @@ from layerbank.app.api.routes import (dataset_stats, datasets, docs, embeddings,
                                       probes, regimes)
 from layerbank.app.api.schemas import apply_limits
 from layerbank.app.api.settings import Settings, get_settings
+from layerbank.app.api.served_models import model_names
 
 __all__ = ["create_app"]
 
@@ -108,7 +109,7 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
                          max_chars=settings.max_chars_per_text,
                          max_dataset_texts=settings.max_dataset_texts,
                          n_states=None if model is None else model.n_hidden_states,
-                         model_names=None if model is None else model.names())
+                         model_names=None if model is None else model_names(state))
             _document_forbidden(app.openapi_schema)
             made_for[0] = model
         return app.openapi_schema  # type: ignore[return-value]

@@ -167,6 +167,8 @@ class OpenAIErrorResponse(BaseModel):
 
 
 # -- datasets -----------------------------------------------------------------
+_DATASET_MODEL = ("which served model extracts it (a name or fingerprint /info lists); default: the "
+                  "default model. Its probes and heads use that model's features")
 Label = str | int | float | bool | None
 
 
@@ -178,6 +180,7 @@ class DatasetTexts(BaseModel):
     texts: list[Text] = Field(min_length=1, description="the items' texts")
     labels: list[Label] | None = Field(None, description="one per text, stored as text")
     precision: Precision | None = Field(None, description=_PRECISION)
+    model: str | None = Field(None, description=_DATASET_MODEL)
 
 
 class DatasetWords(BaseModel):
@@ -189,6 +192,7 @@ class DatasetWords(BaseModel):
     tags: list[list[str]] | None = Field(None, description="one tag per word")
     labels: list[Label] | None = Field(None, description="one per item, stored as text")
     precision: Precision | None = Field(None, description=_PRECISION)
+    model: str | None = Field(None, description=_DATASET_MODEL)
 
 
 DatasetCreate = DatasetTexts | DatasetWords

@@ -37,11 +37,18 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
     parser.add_argument(flag, help=f"{help_} [env {env}]".strip(), **kw)
 
 
-def add_common_flags(p: argparse.ArgumentParser) -> None:
-    """Flags that are Settings fields. Defaults stay None so Settings decides."""
+def add_common_flags(p: argparse.ArgumentParser, *, several_models: bool = False) -> None:
+    """Flags that are Settings fields. Defaults stay None so Settings decides.
+
+    ``several_models``: ``--model`` may be given more than once (``serve``, ``worker``)."""
     p.add_argument("--data-dir", help="data directory [env LAYERBANK_DATA_DIR]")
-    p.add_argument("--model", help="model name or path (default: embedded all-MiniLM-L6-v2) "
-                   "[env LAYERBANK_MODEL]")
+    if several_models:
+        p.add_argument("--model", action="append", help="model name or path; give it again to serve "
+                       "several (the first is the default, 'embedded' names the bundled "
+                       "all-MiniLM-L6-v2) [env LAYERBANK_MODEL, LAYERBANK_MODELS=a,b]")
+    else:
+        p.add_argument("--model", help="model name or path (default: embedded all-MiniLM-L6-v2) "
+                       "[env LAYERBANK_MODEL]")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto [env LAYERBANK_DEVICE]")
     p.add_argument("--precision", choices=PRECISION_CHOICES,
                    help="compute precision; auto: fp32 or bf16, whichever measured faster here "

@@ -40,6 +40,7 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound, Overloaded, TooLarge, UnsupportedMediaType
 from layerbank.app.inputs import InputError, parse_texts
 from layerbank.app.api.routes.features import check_pooling, check_texts, json_response, strict_view
+from layerbank.app.api.served_models import ensure_model
 from layerbank.app.api.schemas import (
     DatasetDeleted,
     DatasetList,
@@ -77,7 +78,8 @@ _CREATE_BODY = {"requestBody": {"required": True, "content": {
         "name": {"type": "string"}, "format": {"type": "string", "enum": list(_UPLOAD_FORMATS)},
         "text_column": {"type": "string"}, "label_column": {"type": "string"},
         "no_header": {"type": "boolean"}, "tag_column": {"type": "integer"},
-        "precision": {"type": "string", "enum": list(get_args(Precision))}}}}}}}
+        "precision": {"type": "string", "enum": list(get_args(Precision))},
+        "model": {"type": "string"}}}}}}}
 
 
 def _public(state: AppState, ds: Dataset) -> dict[str, Any]:
@@ -108,14 +110,15 @@ async def _json_items(request: Request) -> dict[str, Any]:
     try:
         if "words" in raw:  # a token task
             w = DatasetWords.model_validate(raw)
-            return {**_word_items(w.name, w.words, w.tags, w.labels), "precision": w.precision}
+            return {**_word_items(w.name, w.words, w.tags, w.labels), "precision": w.precision,
+                    "model": w.model}
         if "tags" in raw:
             raise InvalidInput("tags need words (one tag per word)", field="tags")
         t = DatasetTexts.model_validate(raw)
     except ValidationError as e:
         raise RequestValidationError(e.errors()) from None
     return {"name": t.name, "texts": t.texts, "labels": t.labels, "source": None,
-            "precision": t.precision}
+            "precision": t.precision, "model": t.model}
 
 
 def _word_items(name: str, words: list[list[str]], tags: list[list[str]] | None,
@@ -158,6 +161,7 @@ async def _upload_items(request: Request) -> dict[str, Any]:
                            f"{', '.join(_UPLOAD_FORMATS)}", field="format")
     name = _form_str(form, "name") or PurePosixPath(source).stem or "upload"
     precision = _form_str(form, "precision")  # checked against the worker's modes by the caller
+    model = _form_str(form, "model")  # checked against the served models by the caller
     data = await upload.read()
     await form.close()
     if fmt in _WORD_FORMATS:
@@ -171,7 +175,7 @@ async def _upload_items(request: Request) -> dict[str, Any]:
         except (WordSetError, ValueError) as e:
             raise InvalidInput(f"file: {e}", field="file") from None
         return {**_word_items(name, [list(s.words) for s in sents], [list(s.tags) for s in sents],
-                              None), "source": source, "precision": precision}
+                              None), "source": source, "precision": precision, "model": model}
     try:
         table = await run_in_threadpool(
             parse_texts, data, fmt, text_column=_form_str(form, "text_column"),
@@ -180,7 +184,7 @@ async def _upload_items(request: Request) -> dict[str, Any]:
     except InputError as e:
         raise InvalidInput(f"file: {e}", field="file") from None
     return {"name": name, "texts": table.texts, "labels": table.labels, "source": source,
-            "skipped_empty": len(table.skipped_empty), "precision": precision}
+            "skipped_empty": len(table.skipped_empty), "precision": precision, "model": model}
 
 
 def _check_unicode(field: str, values: list[Any]) -> None:
@@ -208,6 +212,7 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
     else:
         raise UnsupportedMediaType(f"send JSON or a multipart/form-data upload (got "
                                    f"{ctype or 'no content type'!r})")
+    m = await ensure_model(state, items.get("model"))  # the default, or another served model
     m = m.at_precision(items.get("precision"))  # the dataset's config, and so its keys
     s = state.settings
     texts: list[str] = items["texts"]

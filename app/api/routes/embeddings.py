@@ -32,6 +32,7 @@ from fastapi.responses import Response
 
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import InvalidInput
+from layerbank.app.api.served_models import ensure_model
 from layerbank.app.api.routes.features import (
     check_texts,
     compute_features,
@@ -60,6 +61,7 @@ async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state
     if view == "all_layers":
         raise InvalidInput("input: /v1/embeddings returns one vector per text; use /v1/features "
                            "for all_layers", field="view")
+    await ensure_model(state, req.model)  # another served model's first use loads it
     m, parsed = resolve_request(state, view, req.model, req.precision)
     dim = parsed.output_dim(m.n_hidden_states, m.hidden_size)
     if req.dimensions is not None and req.dimensions != dim:

@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from layerbank.app.api.deps import AppState, ModelRef, get_state
 from layerbank.app.api.errors import ExtractionFailed, InvalidInput, TooLarge, UnsupportedMediaType
 from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
+from layerbank.app.api.served_models import ensure_model, find_model
 from layerbank.cache.keys import text_key
 from layerbank.cache.store import ReadResult
 from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
@@ -120,13 +121,7 @@ class FeatureResult:
 
 def resolve_request(state: AppState, view_spec: str | None, model: str | None,
                     precision: str | None = None) -> tuple[ModelRef, View]:
-    m = state.require_model()
-    if not m.accepts(model):
-        names = ", ".join(repr(n) for n in m.names()[:4])
-        raise InvalidInput(f"model {model!r} is not served here; this server serves {m.name!r} "
-                           f"(fingerprint {m.fingerprint}); send model= one of {names}, or omit it",
-                           field="model")
-    m = m.at_precision(precision)
+    m = find_model(state, model).at_precision(precision)  # a model not loaded yet: ensure_model first
     view = strict_view(state.settings.default_view if view_spec is None else view_spec, m.n_hidden_states)
     return m, view
 
@@ -150,6 +145,7 @@ def strict_view(spec: str, n_states: int) -> View:
 async def compute_features(state: AppState, texts: list[str], view_spec: str | None,
                            pooling: str | None, model: str | None,
                            precision: str | None = None) -> FeatureResult:
+    await ensure_model(state, model)  # another served model's first use loads it
     m, view = resolve_request(state, view_spec, model, precision)
     pooling = check_pooling(state, pooling)
     keys = [text_key(m.fingerprint, m.config, t) for t in texts]

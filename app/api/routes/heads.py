@@ -46,6 +46,7 @@ from layerbank.app.api.routes.features import (check_pooling, check_texts, compu
                                                  require_json)
 from layerbank.app.api.routes.probes import get_service
 from layerbank.app.api.schemas import Pooling, error_responses
+from layerbank.app.api.served_models import ensure_model
 from layerbank.cache.views import parse_view
 
 __all__ = ["HeadCreate", "PredictRequest", "router"]
@@ -205,6 +206,9 @@ async def predict(head_id: str, req: PredictRequest, state: AppState = Depends(g
                        f"{': ' + job.error if job and job.error else ''}",
                        extra={"job_id": rec.job_id, "job_state": st})
     m = state.require_model()
+    if rec.fingerprint != m.fingerprint and any(e.get("fingerprint") == rec.fingerprint
+                                                for e in state.served):
+        m = await ensure_model(state, rec.fingerprint)  # a head of another served model
     if m.fingerprint == rec.fingerprint:  # features at the precision the head was fitted on
         m = m.at_precision(json.loads(rec.config).get("precision"))
     if (m.fingerprint, m.config) != (rec.fingerprint, rec.config):

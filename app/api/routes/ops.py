@@ -21,6 +21,7 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.metrics import CONTENT_TYPE
 from layerbank.app.api.routes.features import json_response
 from layerbank.app.api.schemas import HealthOut, InfoOut, ReadyOut, error_responses
+from layerbank.app.api.served_models import describe_models
 from layerbank.cache.views import VIEW_FORMS
 
 __all__ = ["VERSION", "router"]
@@ -82,6 +83,8 @@ async def info(state: AppState = Depends(get_state)) -> Response:
         "hidden_size": None if m is None else m.hidden_size,
         "dtype": m.storage_dtype if m is not None else s.storage_dtype,
         "precision": None if m is None else m.precision,
+        # every served model, the default first (one entry with one model; app/api/served_models.py)
+        "models": describe_models(state),
         "poolings": list(s.pooling_names),  # what this server stores and so answers
         "views": list(VIEW_FORMS),
         "defaults": {"view": s.default_view, "pooling": s.default_pooling,
