@@ -11,14 +11,20 @@ Two ways to run out of room, both real:
 
 Either way the write fails with a message that says what happened and what to
 do, the catalog is unchanged, no temporary file is left behind, and once room
-is made the same work succeeds.
+is made the same work succeeds. A whole data directory on a small tmpfs, filled
+to 0 bytes free, checks the same for every route that writes (507), for
+compaction (the shard, or the catalog's commit, does not fit) and for probe and
+head jobs (refused before anything is queued).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -27,10 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
-
 from layerbank.app.client import JobFailed
 from layerbank.cache.catalog import Catalog
+from layerbank.cache.compact import compact
+from layerbank.cache.errors import failure_type
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import ShardContents
+from layerbank.cache.space import ShardWriteError
+from layerbank.cache.store import FeatureStore
+
 from tests.integration.conftest import ROOT, ServerProcess
 
 from .conftest import phrases
@@ -228,26 +241,173 @@ def test_a_full_disk_is_507_everywhere_and_nothing_changes(small_tmpfs: Path, ti
             kind = body["error"]["code"] if what.startswith("embeddings") else body["type"]
             assert kind == "insufficient_storage", (what, body)
             assert _state(server) == before, what
-        # jobs that write where there is no room fail with the storage type (507 when asked)
+        # probe and head jobs are refused before anything is queued (the test below says why)
         for what, path, body in [("probe", "/v1/probes", {"dataset": labelled["id"], "cv": 2}),
                                  ("head", "/v1/heads", {"dataset": labelled["id"], "view": "layer:-1"})]:
             r = server.post(path, json=body)
-            if r.status_code == 202:  # the catalog still had room for the job row
-                job = server.wait_job(r.json().get("job_id") or r.json()["id"])
-                # a probe keeps its result in the catalog (room may be left in its WAL); a head
-                # writes files, and there is no room for them
-                assert job["state"] in (("failed", "succeeded") if what == "probe" else ("failed",)), job
-                if job["state"] == "failed":
-                    assert job["error_type"] == "storage", (what, job)
-                    got = server.get(f"/v1/jobs/{job['id']}")
-                    assert got.status_code == 200
-            else:
-                assert r.status_code == 507 and r.json()["type"] == "insufficient_storage", (what, r.text)
+            assert r.status_code == 507 and r.json()["type"] == "insufficient_storage", (what, r.text)
+            assert _state(server) == before, what
         assert server.get("/health").status_code == 200
 
         filler.unlink()  # room again: the same requests succeed
         for what, ask in asks.items():
             r = ask()
             assert r.status_code in (200, 202), (what, r.status_code, r.text)
+    finally:
+        server.stop()
+
+
+# -- compaction: the worker's idle housekeeping, never asked for by a request ----------------
+# No route or CLI runs it, so it has no status of its own: on a full disk it raises (the
+# worker logs "compaction failed; the store is unchanged" and tries again when next idle),
+# and what must hold is that nothing a reader sees changes, and that it works once there is room.
+
+_N_SHARDS, _ROWS = 40, 8
+_CFG = ExtractionConfig(max_length=16)  # float16 storage, as served
+
+
+def _small_shards(store: FeatureStore) -> tuple[list[str], np.ndarray]:
+    """40 committed shards of 8 rows, as micro-batched misses leave them; keys and stored rows."""
+    rng = np.random.default_rng(5)
+    keys: list[str] = []
+    for s in range(_N_SHARDS):
+        ks = [f"{s:04d}{i:060x}" for i in range(_ROWS)]
+        pooled = {p: rng.standard_normal((_ROWS, 3, 32)).astype(np.float32) for p in ("mean", "cls", "max")}
+        store.write(f"miss{s:04d}-00000", ShardContents(ks, np.full(_ROWS, 5), np.zeros(_ROWS, bool), pooled),
+                    model="m", config=_CFG)
+        keys += ks
+    res = store.read_pooled(keys, "max")
+    assert res.found.all()
+    return keys, res.data
+
+
+def _catalog_view(store: FeatureStore, keys: list[str]) -> tuple[Any, ...]:
+    """Everything a reader's lookup depends on: shards, counts, and where each key lives."""
+    where = store.catalog.lookup(keys)
+    return (sorted(store.catalog.shard_names()), store.catalog.stats(),
+            [(where[k].shard, where[k].row) for k in keys])
+
+
+def _mount_tmpfs(mnt: Path, size: str) -> None:
+    mnt.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+@pytest.mark.timeout(120)
+def test_compaction_on_a_full_disk_changes_nothing_and_runs_once_there_is_room(small_tmpfs: Path) -> None:
+    store = FeatureStore(small_tmpfs)
+    try:
+        keys, rows = _small_shards(store)
+        before = _catalog_view(store, keys)
+        files = sorted(p.name for p in store.shard_dir.iterdir())
+        filler = _fill_to_zero(small_tmpfs)
+        with pytest.raises(ShardWriteError) as full:
+            compact(store, max_rows=256)
+        assert full.value.errno == errno.ENOSPC and failure_type(full.value) == "storage"
+        assert re.fullmatch(r"no space left on device while writing shard compact-[0-9a-f]{12}-00000\.h5: it "
+                            r"needs about \S+ KiB, 0 bytes free in .*; free some space and run the job again "
+                            r"\(nothing was committed\)", str(full.value)), str(full.value)
+        assert _catalog_view(store, keys) == before
+        assert sorted(p.name for p in store.shard_dir.iterdir()) == files  # no temp file left
+        got = store.read_pooled(keys, "max")  # every row, with the same bits
+        assert got.found.all() and np.array_equal(got.data, rows)
+
+        filler.unlink()  # room again: the same compaction succeeds
+        s = compact(store, max_rows=256)
+        assert (s.shards_merged, s.shards_written, s.rows, s.quarantined) == (_N_SHARDS, 1, _N_SHARDS * _ROWS, 0)
+        assert [p.name for p in store.shard_dir.iterdir()] == list(store.catalog.shard_names())
+        got = store.read_pooled(keys, "max")
+        assert got.found.all() and np.array_equal(got.data, rows)
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(120)
+def test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_there_is_room(tmp_path: Path) -> None:
+    """The merged shard fits (shards/ is a filesystem of its own) but the catalog's disk is full:
+    the commit fails with SQLite's "database or disk is full" and the written shard is removed."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount for a tmpfs")
+    root, shards = tmp_path / "data", tmp_path / "data" / "shards"
+    _mount_tmpfs(root, "4m")
+    try:
+        _mount_tmpfs(shards, "16m")
+        store = FeatureStore(root)
+        try:
+            keys, rows = _small_shards(store)
+            before = _catalog_view(store, keys)
+            files = sorted(p.name for p in shards.iterdir())
+            # an empty WAL: the commit has to grow a file, as it would once the WAL's room is used
+            assert store.catalog.conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+            filler = _fill_to_zero(root)
+            with pytest.raises(sqlite3.OperationalError, match="database or disk is full") as full:
+                compact(store, max_rows=256)
+            assert failure_type(full.value) == "storage"
+            assert _catalog_view(store, keys) == before
+            assert sorted(p.name for p in shards.iterdir()) == files  # the merged shard was removed
+            got = store.read_pooled(keys, "max")
+            assert got.found.all() and np.array_equal(got.data, rows)
+
+            filler.unlink()
+            s = compact(store, max_rows=256)
+            assert (s.shards_merged, s.shards_written, s.rows) == (_N_SHARDS, 1, _N_SHARDS * _ROWS)
+            got = store.read_pooled(keys, "max")
+            assert got.found.all() and np.array_equal(got.data, rows)
+        finally:
+            store.close()
+    finally:
+        subprocess.run(["umount", "-l", str(shards)], timeout=60, check=False)
+        subprocess.run(["umount", "-l", str(root)], timeout=60, check=False)
+
+
+# -- probe and head jobs at 0 bytes free ---------------------------------------------------------
+# A head writes files; a probe writes only its job and result rows in the catalog, but at 0 bytes
+# free those fit only while SQLite's WAL has room, room that every heartbeat uses up too. So both
+# are refused up front (507, nothing queued) below 1 MiB free (app/probes/service.py
+# MIN_FREE_BYTES), rather than accepted or refused by a race.
+
+@pytest.mark.timeout(300)
+def test_probe_and_head_jobs_at_0_bytes_free_are_507_and_run_once_there_is_room(
+        small_tmpfs: Path, tiny_model_dir: str) -> None:
+    server = ServerProcess(small_tmpfs, {"model": tiny_model_dir, "heartbeat_seconds": 1,
+                                         "catalog_check_seconds": 3600})
+    try:
+        server.start()
+        labelled = server.post("/v1/datasets", json={"name": "labelled", "texts": phrases(24, 36200),
+                                                     "labels": [i % 2 for i in range(24)]}).json()
+        assert server.wait_job(labelled["job_id"])["state"] == "succeeded"
+        # the case that used to race: the WAL checkpointed, so its room takes the next rows
+        db = sqlite3.connect(small_tmpfs / "catalog.sqlite")
+        busy, log_frames, done = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        db.close()
+        assert busy == 0 and log_frames == done > 0
+        filler = _fill_to_zero(small_tmpfs)
+        before = (_state(server), [j["id"] for j in server.get("/v1/jobs").json()["data"]])
+        asks = [("/v1/probes", {"dataset": labelled["id"], "cv": 2}),
+                ("/v1/heads", {"dataset": labelled["id"], "view": "layer:-1"})]
+        for path, body in asks:
+            r = server.post(path, json=body)
+            assert r.status_code == 507, (path, r.text)
+            assert set(r.json()) == {"error", "type"} and r.json()["type"] == "insufficient_storage"
+            assert re.fullmatch(r"the disk holding the data directory is full \([\d,]+ bytes free; probe and "
+                                r"head jobs need at least 1 MiB\); nothing was queued; free some space and "
+                                r"send the request again", r.json()["error"]), r.text
+            assert (_state(server), [j["id"] for j in server.get("/v1/jobs").json()["data"]]) == before
+        assert sorted(p.name for p in (small_tmpfs / "heads").iterdir()) == []
+
+        filler.unlink()  # room again: the same requests run
+        probe = server.post(asks[0][0], json=asks[0][1])
+        assert probe.status_code == 202, probe.text
+        job = server.wait_job(probe.json()["id"])
+        assert job["state"] == "succeeded" and job["result"]["task"]["n_examples"] == 24, job
+        head = server.post(asks[1][0], json=asks[1][1])
+        assert head.status_code == 202, head.text
+        assert server.wait_job(head.json()["job_id"])["state"] == "succeeded"
+        got = server.get(f"/v1/heads/{head.json()['id']}").json()
+        assert got["size_bytes"] == sum(got["files"].values()) > 0
+        assert sorted(got["files"]) == ["arrays.npz", "head.json"]
     finally:
         server.stop()
