@@ -7,6 +7,8 @@
 #   bench/mutation.sh                              every target below (hours on 2 cores)
 #   bench/mutation.sh cache/space.py               one module, with its tests
 #   MUTATION_MAX_S=900 bench/mutation.sh ...       stop after 15 minutes (what ran is reported)
+#   MUTATION_KEEP=/tmp/m bench/mutation.sh ...     keep the copy and each module's mutmut cache
+#                                                  there (rerun one mutant: cd /tmp/m && mutmut run ID)
 #
 # It never touches the working tree: the committed tree is copied to a temporary
 # directory (git archive HEAD), `layerbank.*` is pointed at that copy (symlinks, and the
@@ -20,9 +22,12 @@ MUTMUT="$ROOT/.venv/bin/mutmut"
 # module -> the fast tests that guard it (each mutant runs them, so keep them few)
 declare -A TESTS=(
   [cache/shard.py]="tests/unit/cache/test_shard.py tests/unit/cache/test_shard_damage.py"
-  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_read_tokens_many.py"
+  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_store_layout.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_read_tokens_many.py"
   [cache/space.py]="tests/unit/cache/test_space.py tests/unit/cache/test_disk_full_type.py"
   [cache/repair.py]="tests/unit/cache/test_repair.py"
+  [cache/compact.py]="tests/unit/cache/test_compact.py"
+  [cache/errors.py]="tests/unit/cache/test_disk_full_type.py tests/unit/cache/test_space.py"
+  [app/api/errors.py]="tests/unit/app/test_api_errors.py tests/unit/app/test_job_failures.py"
   [cache/leftovers.py]="tests/unit/cache/test_leftovers.py"
   [cache/views.py]="tests/unit/cache/test_views.py"
   [app/api/origin.py]="tests/unit/app/test_origin_guard.py"
@@ -33,8 +38,12 @@ TARGETS=("$@")
                                      cache/shard.py cache/store.py cache/views.py app/api/catalog_health.py)
 MAX_S=${MUTATION_MAX_S:-0}
 
-WORK=$(mktemp -d /tmp/lb-mutation.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+if [ -n "${MUTATION_KEEP:-}" ]; then
+  WORK=$MUTATION_KEEP; rm -rf "$WORK"; mkdir -p "$WORK"
+else
+  WORK=$(mktemp -d /tmp/lb-mutation.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+fi
 git -C "$ROOT" archive HEAD | tar -x -C "$WORK"
 # layerbank/{app,cache,workers} -> the copy's folders, as pyproject's package-dir maps them
 for pkg in app cache workers; do ln -s "../$pkg" "$WORK/layerbank/$pkg"; done
@@ -64,6 +73,7 @@ for target in "${TARGETS[@]}"; do
       >/dev/null 2>&1 || true
   fi
   "$MUTMUT" results 2>/dev/null | sed -n '1,200p' || true
+  [ -n "${MUTATION_KEEP:-}" ] && cp .mutmut-cache ".mutmut-cache.${target//\//_}"
   for id in $("$MUTMUT" result-ids survived 2>/dev/null || true); do
     echo "-- surviving mutant $id"
     "$MUTMUT" show "$id" 2>/dev/null | sed -n '1,20p'

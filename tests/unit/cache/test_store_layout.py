@@ -1,0 +1,110 @@
+"""What FeatureStore leaves on disk and in the log, as an operator sees it: the
+directory layout the docs name, where a quarantined shard goes and the line that
+says so, that opening a store (a reader) never removes a writer's files, and the
+bound on open shard files. Written to kill the mutants bench/mutation.sh found
+surviving in cache/store.py (docs/reliability.md, "Mutation testing")."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerbank.cache.keys import ExtractionConfig
+from layerbank.cache.shard import ShardContents
+from layerbank.cache.store import FeatureStore
+
+CFG = ExtractionConfig(max_length=64, storage_dtype="float32")
+
+
+def contents(keys: list[str], seed: int) -> ShardContents:
+    rng = np.random.default_rng(seed)
+    n = len(keys)
+    pooled = {p: rng.normal(size=(n, 2, 4)).astype(np.float32) for p in ("mean", "cls", "max")}
+    return ShardContents(list(keys), np.full(n, 2, np.int32), np.zeros(n, bool), pooled)
+
+
+def keys_of(store: FeatureStore, *texts: str) -> list[str]:
+    return [store.key("local:m", CFG, t) for t in texts]
+
+
+def test_a_new_data_directory_has_the_documented_layout(tmp_path: Path) -> None:
+    data = tmp_path / "not" / "yet" / "there"  # parents are made too
+    store = FeatureStore(data)
+    try:
+        store.write("job-00000", contents(keys_of(store, "a", "b"), 0), model="local:m", config=CFG)
+        assert sorted(p.name for p in data.iterdir() if not p.name.startswith("catalog.sqlite")) == \
+            ["quarantine", "shards"]
+        assert [p.name for p in (data / "shards").iterdir()] == ["job-00000.h5"]
+        assert list((data / "quarantine").iterdir()) == []
+    finally:
+        store.close()
+
+
+@pytest.mark.sqlite_only  # with PostgreSQL the catalog is not a file here
+def test_the_sqlite_catalog_is_catalog_sqlite_in_the_data_directory(tmp_path: Path) -> None:
+    store = FeatureStore(tmp_path / "data")
+    try:
+        store.write("job-00000", contents(keys_of(store, "a"), 0), model="local:m", config=CFG)
+    finally:
+        store.close()
+    assert (tmp_path / "data" / "catalog.sqlite").stat().st_size > 0
+    # a second store on the same directory finds what the first committed
+    again = FeatureStore(tmp_path / "data")
+    try:
+        assert again.read_pooled(keys_of(again, "a"), "mean").found.tolist() == [True]
+    finally:
+        again.close()
+
+
+def test_a_damaged_shard_moves_to_quarantine_whole_and_the_log_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    store = FeatureStore(data)
+    try:
+        keys = keys_of(store, "a", "b", "c")
+        store.write("job-00000", contents(keys, 0), model="local:m", config=CFG)
+        # a shard whose rows hold other keys (a file swapped under the catalog)
+        other = FeatureStore(tmp_path / "other")
+        other.write("job-00000", contents(keys_of(other, "x", "y", "z"), 1), model="local:m", config=CFG)
+        other.close()
+        swapped = (tmp_path / "other" / "shards" / "job-00000.h5").read_bytes()
+        (data / "shards" / "job-00000.h5").write_bytes(swapped)
+        with caplog.at_level(logging.ERROR, logger="layerbank"):
+            res = store.read_pooled(keys, "mean")
+        assert res.found.tolist() == [False, False, False]
+        assert (data / "quarantine" / "job-00000.h5").read_bytes() == swapped  # kept for inspection
+        assert list((data / "shards").iterdir()) == []
+        lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+        assert lines == [("layerbank.store", "ERROR",
+                          f"quarantined shard job-00000.h5 (shard {data / 'shards' / 'job-00000.h5'} is damaged: rows do not "
+                          "hold the keys the catalog lists); 3 keys will be recomputed")]
+    finally:
+        store.close()
+
+
+def test_opening_a_store_never_removes_a_writers_files(tmp_path: Path) -> None:
+    """The API opens the store while the worker writes: its temp file and a shard renamed
+    but not yet committed must survive; only ``clean=True`` (at start, alone) removes them."""
+    data = tmp_path / "data"
+    FeatureStore(data).close()
+    (data / "shards" / "job-00001.h5.tmp").write_bytes(b"being written")
+    (data / "shards" / "job-00002.h5").write_bytes(b"renamed, commit next")
+    FeatureStore(data).close()
+    assert sorted(p.name for p in (data / "shards").iterdir()) == ["job-00001.h5.tmp", "job-00002.h5"]
+
+
+def test_at_most_32_shard_files_are_held_open(store: FeatureStore) -> None:
+    """Each open HDF5 file costs about 0.5 MB whatever its size; a server reading
+    thousands of small shards keeps the 32 most recently read open, not all."""
+    keys: list[str] = []
+    for s in range(34):
+        ks = keys_of(store, f"t{s}")
+        store.write(f"job{s:02d}-00000", contents(ks, s), model="local:m", config=CFG)
+        keys += ks
+    for k in keys:  # one read per shard, in order
+        assert store.read_pooled([k], "mean").found.all()
+    assert len(store._readers) == 32
+    assert list(store._readers) == [f"job{s:02d}-00000.h5" for s in range(2, 34)]  # the oldest closed
