@@ -10,7 +10,9 @@ it removes only what no live writer can own:
   claimed meanwhile by another worker writes its files afresh, so they are
   newer); compaction's files are left to ``serve``;
 - head temp directories ``heads/.hd_<id>.tmp-<pid>-*`` whose process is dead;
-- ``server.json`` whose server process is dead (a SIGKILLed ``serve``).
+- ``server.json`` whose server process is dead (a SIGKILLed ``serve``);
+- a big request's texts file (``requests/<job>.json``, ``cache/request_texts.py``)
+  whose job is over or gone, left by an API that died while it waited.
 
 Call after ``release_orphans`` (so jobs of dead runners no longer count as held).
 """
@@ -23,6 +25,7 @@ import shutil
 from pathlib import Path
 
 from .jobs import JobQueue, pid_alive
+from .request_texts import requests_dir
 from .store import FeatureStore
 
 __all__ = ["clean_leftovers"]
@@ -37,7 +40,7 @@ def _dead_pid(text: str) -> bool:
 def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> dict[str, int]:
     """Remove crash leftovers older than ``started`` that no live writer owns; counts by kind."""
     held = set(queue.running_owners())
-    removed = {"shard_files": 0, "head_temp_dirs": 0, "server_json": 0}
+    removed = {"shard_files": 0, "head_temp_dirs": 0, "server_json": 0, "request_texts": 0}
     for p in sorted(store.shard_dir.iterdir()):
         temp = p.name.endswith(".h5.tmp")
         name = p.name.removesuffix(".tmp")
@@ -70,7 +73,31 @@ def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> 
             removed["server_json"] += 1
     except (OSError, ValueError, AttributeError):
         pass
+    removed["request_texts"] = _request_texts(store, queue, started)
     if any(removed.values()):
         log.warning("removed crash leftovers: %d shard files, %d head temp directories, %d stale "
-                    "server.json", removed["shard_files"], removed["head_temp_dirs"], removed["server_json"])
+                    "server.json, %d request texts files", removed["shard_files"],
+                    removed["head_temp_dirs"], removed["server_json"], removed["request_texts"])
     return removed
+
+
+def _request_texts(store: FeatureStore, queue: JobQueue, started: float) -> int:
+    """Texts files of requests whose job is no longer queued or running (its API died
+    while waiting, so nobody removed the file); files newer than ``started`` are left."""
+    d = requests_dir(store.root)
+    if not d.is_dir():
+        return 0
+    n = 0
+    for p in d.iterdir():
+        job_id = p.name.split(".", 1)[0]
+        try:
+            if p.stat().st_mtime >= started:
+                continue
+        except FileNotFoundError:
+            continue
+        job = queue.get(job_id)
+        if job is not None and job.state in ("queued", "running"):
+            continue
+        p.unlink(missing_ok=True)
+        n += 1
+    return n

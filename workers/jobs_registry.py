@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from layerbank.cache import request_texts
 from layerbank.cache.jobs import Job, JobQueue
 from layerbank.cache.runner import JobError, Lease
 
@@ -145,11 +146,13 @@ def _count(ctx: JobContext, summary: ExtractSummary) -> None:
 def run_encode(ctx: JobContext) -> dict[str, Any]:
     """Synchronous misses: payload ``{"texts": [...], "model": str | None,
     "precision": str | None, "want_tokens": bool}`` (precision: the resolved
-    mode the API made the keys for; None: as served)."""
+    mode the API made the keys for; None: as served); a big request names a
+    ``texts_file`` instead of ``texts`` (``layerbank.cache.request_texts``)."""
     p = ctx.job.payload
     # the model the API made the keys for (its fingerprint); another served one loads now
     enc = ctx.worker.encoder_at(p.get("precision"), model=p.get("model"))
-    summary = extract(list(p["texts"]), ctx.store, enc, job_id=ctx.job.id,
+    texts = request_texts.texts_of(ctx.store.root, p)  # inline, or a big request's file
+    summary = extract(texts, ctx.store, enc, job_id=ctx.job.id,
                       want_tokens=bool(p.get("want_tokens")), part_size=ctx.options.part_size,
                       max_tokens=encode_budget(ctx), should_continue=ctx.should_continue)
     _count(ctx, summary)

@@ -16,6 +16,10 @@ Waiting: the batcher polls its job's row every ``poll_s`` (2 ms) with
 key read of ~20 us, against encodes of 10+ ms, in exchange for no channel
 between the processes beyond the catalog they already share.
 
+Big batches (over a million characters of texts) pass their texts in a file
+beside the catalog rather than in the job row, so that the 2 ms poll and the
+worker's lease renewals stay cheap (``layerbank.cache.request_texts``).
+
 Overload: more than ``max_pending`` requests waiting for misses is a 429
 (``max_queue_depth``), never an unbounded queue.
 
@@ -30,11 +34,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from layerbank.app.api.errors import ApiError, Overloaded, Timeout, job_failure
+from layerbank.cache import request_texts
 from layerbank.cache.errors import failure_type
 from layerbank.cache.jobs import JobQueue
 
@@ -73,8 +80,11 @@ class Batcher:
     def __init__(self, queue: JobQueue, *, window_ms: float, max_pending: int,
                  poll_s: float = 0.002, max_inflight: int = 2,
                  timeout_s: float = 600.0, max_batch_texts: int = 4096,
-                 on_done: Callable[[list[Any]], Awaitable[None]] | None = None) -> None:
+                 on_done: Callable[[list[Any]], Awaitable[None]] | None = None,
+                 data_dir: Path | None = None) -> None:
         self.queue = queue
+        # where a big batch's texts go instead of the job row (cache/request_texts.py); None: inline
+        self.data_dir = data_dir
         self.window_s = window_ms / 1000.0
         self.max_pending = max_pending
         self.poll_s = poll_s
@@ -167,14 +177,21 @@ class Batcher:
         self.stats.batches += 1
         self.stats.texts += len(texts)
         self.stats.sizes = (self.stats.sizes + [len(texts)])[-1000:]
+        job_id = uuid.uuid4().hex[:16]
+        part: dict[str, Any] = {"texts": texts}
         try:
-            job_id = self.queue.submit("encode", {"texts": texts, "model": waiters[0].model,
-                                                  "precision": waiters[0].precision,
-                                                  "want_tokens": want_tokens},
-                                       priority=ENCODE_PRIORITY)
+            if self.data_dir is not None:  # a file for big batches, written off the event loop
+                part = await asyncio.to_thread(request_texts.to_payload, self.data_dir, job_id, texts)
+            self.queue.submit("encode", {**part, "model": waiters[0].model,
+                                         "precision": waiters[0].precision,
+                                         "want_tokens": want_tokens},
+                              priority=ENCODE_PRIORITY, job_id=job_id)
             error, error_type = await self._wait(job_id)
         except Exception as e:  # the catalog itself failed (full disk: 507): every waiter hears it
             error, error_type = f"{type(e).__name__}: {e}", failure_type(e)
+        finally:  # the job is over (or given up on): its texts file is not needed any more
+            if self.data_dir is not None:
+                request_texts.discard(self.data_dir, part)
         if error is None and self.on_done is not None:
             try:  # e.g. read the whole batch's rows at once, rather than once per request
                 await self.on_done([w.hint for w in waiters])

@@ -58,7 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.bind(state)
         state.batcher = Batcher(state.queue, window_ms=settings.batch_window_ms,
                                 max_pending=settings.max_queue_depth,
-                                on_done=lambda hints: features.warm_rows(state, hints))
+                                on_done=lambda hints: features.warm_rows(state, hints),
+                                data_dir=state.store.root)
         app.state.layerbank = state
         state.refresh_model()
         watcher = asyncio.create_task(_watch_model(state))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from layerbank.cache.jobs import JobQueue
 from layerbank.cache.leftovers import clean_leftovers
+from layerbank.cache.request_texts import requests_dir
 from layerbank.cache.store import FeatureStore
 
 from .test_store import CFG, contents, key
@@ -39,10 +40,16 @@ def test_a_starting_worker_removes_crash_leftovers_only(store: FeatureStore) -> 
     dead, mine = heads / f".hd_0123456789ab.tmp-{_dead_pid()}-abc123", heads / f".hd_ba9876543210.tmp-{os.getpid()}-x"
     dead.mkdir(), mine.mkdir()
     (store.root / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:1", "pid": _dead_pid()}))
+    reqs = requests_dir(store.root)  # big requests' texts (cache/request_texts.py)
+    reqs.mkdir()
+    for job_id in (running, idle, "0123456789abcdef"):  # the last: its API died, its job is gone
+        (reqs / f"{job_id}.json").write_text('["a text"]')
+    (reqs / "fedcba9876543210.json.tmp").write_text('["half')
     started = time.time() + 1  # this worker started after every file above was written
 
     removed = clean_leftovers(store, q, started=started)
-    assert removed == {"shard_files": 2, "head_temp_dirs": 1, "server_json": 1}
+    assert removed == {"shard_files": 2, "head_temp_dirs": 1, "server_json": 1, "request_texts": 2}
+    assert sorted(p.name for p in reqs.iterdir()) == sorted([f"{running}.json", f"{idle}.json"])  # queued, running
     assert sorted(p.name for p in sd.iterdir()) == sorted(
         ["done-00000.h5", f"{running}-00002.h5.tmp", "compact-ab12-00000.h5.tmp"])
     assert not dead.exists() and mine.exists()
@@ -55,8 +62,11 @@ def test_files_newer_than_the_worker_are_left_alone(store: FeatureStore) -> None
     job = q.submit("extract", {})
     (store.shard_dir / f"{job}-00000.h5.tmp").write_bytes(b"being written by a worker that just claimed it")
     (store.root / "server.json").write_text(json.dumps({"pid": os.getpid()}))  # a live server
+    requests_dir(store.root).mkdir()
+    (requests_dir(store.root) / "0123456789abcdef.json").write_text('["its API is writing it"]')
     assert clean_leftovers(store, q, started=time.time() - 60) == {"shard_files": 0, "head_temp_dirs": 0,
-                                                                   "server_json": 0}
+                                                                   "server_json": 0, "request_texts": 0}
+    assert (requests_dir(store.root) / "0123456789abcdef.json").exists()
     assert (store.shard_dir / f"{job}-00000.h5.tmp").exists() and (store.root / "server.json").exists()
 
 

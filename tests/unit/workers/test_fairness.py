@@ -87,3 +87,85 @@ def test_a_cut_near_max_length_tokens_never_changes_the_kept_tokens(tiny_encoder
         monkeypatch.setattr(long_texts, "CHARS_PER_TOKEN", limit / max_len)
         assert long_texts.head_for_tokens(text, max_len) is not None
         assert enc.tokenize([text]).input_ids[0] == want["input_ids"], limit
+
+
+def test_a_small_miss_runs_while_a_huge_part_is_tokenized(store, tiny_encoder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # tokenizing a part of 300 x 99,000 characters took seconds before its first batch;
+    # the worker now looks for waiting misses between slices of it
+    from layerbank.workers import extract
+
+    per_text = int(tiny_encoder.config.max_length) * CHARS_PER_TOKEN  # what a long text costs
+    monkeypatch.setattr(extract, "TOKENIZE_SLICE_CHARS", 2 * per_text)
+    w = Worker(store, tiny_encoder, WorkerOptions(max_tokens=1 << 20, part_size=64))  # one batch
+    q: JobQueue = w.queue
+    calls: list[str] = []
+    tokenize = tiny_encoder.tokenize
+
+    def recording(texts, want_offsets=False):  # type: ignore[no-untyped-def]
+        if texts == ["one small miss"]:
+            calls.append("small")
+        else:
+            calls.append("huge")
+            if calls.count("huge") == 1:  # the miss arrives once tokenizing has begun
+                q.submit("encode", {"texts": ["one small miss"]}, priority=ENCODE_PRIORITY)
+        return tokenize(texts, want_offsets=want_offsets)
+
+    monkeypatch.setattr(tiny_encoder, "tokenize", recording)
+    huge = q.submit("encode", {"texts": [_words(99_000, 30 + i) for i in range(12)]}, priority=ENCODE_PRIORITY)
+    w.run_job(q.claim(w.id, ["encode"], 30))  # type: ignore[arg-type]
+    assert q.get(huge).state == "succeeded"  # type: ignore[union-attr]
+    assert calls.count("huge") > 2 and calls.count("small") == 1, calls
+    assert calls[-1] == "huge" and calls.index("small") < len(calls) - 1, calls  # answered mid-tokenizing
+
+
+@pytest.mark.parametrize("offsets", [False, True])
+def test_tokenizing_in_slices_gives_what_one_call_gives(tiny_encoder, monkeypatch, offsets: bool) -> None:  # type: ignore[no-untyped-def]
+    from layerbank.workers import extract
+
+    monkeypatch.setattr(extract, "TOKENIZE_SLICE_CHARS", int(tiny_encoder.config.max_length) * CHARS_PER_TOKEN)
+    checks: list[int] = []
+    got = extract._tokenize_in_slices(tiny_encoder, LONG, offsets, lambda: checks.append(1) or True)
+    want = tiny_encoder.tokenize(LONG, want_offsets=offsets)
+    assert len(checks) >= 3  # it was cut
+    assert got == want
+
+
+def test_a_huge_request_travels_in_a_file_not_in_its_job_row(store, tiny_encoder) -> None:  # type: ignore[no-untyped-def]
+    # a 30 MB job row was read whole by the API's 2 ms poll and rewritten by every lease
+    # renewal; the row now names a file, which is gone once the request is answered
+    import asyncio
+    import json
+    import threading
+
+    from layerbank.app.api.batcher import Batcher
+    from layerbank.cache.request_texts import requests_dir
+
+    w = Worker(store, tiny_encoder, WorkerOptions(poll_interval_s=0.005))
+    texts = [_words(99_000, 50 + i) for i in range(11)]  # 1.09 M characters
+    seen: list[list[str]] = []
+
+    def run() -> None:
+        w.run()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        async def main() -> None:
+            b = Batcher(JobQueue(store.catalog), window_ms=1, max_pending=8, data_dir=store.root)
+            task = asyncio.create_task(b.encode(texts))
+            while not task.done():  # the file exists while its job is queued or running
+                seen.append(sorted(p.name for p in requests_dir(store.root).iterdir())
+                            if requests_dir(store.root).exists() else [])
+                await asyncio.sleep(0.01)
+            await task
+        asyncio.run(main())
+    finally:
+        w.stop()
+        t.join(30)
+    (job,) = w.queue.list(kinds=["encode"])
+    assert job.state == "succeeded" and job.result["texts_encoded"] == 11  # type: ignore[index]
+    assert "texts" not in job.payload and len(json.dumps(job.payload)) < 300, job.payload
+    assert [f"{job.id}.json"] in seen
+    assert list(requests_dir(store.root).iterdir()) == []
+    keys = [store.key(tiny_encoder.fingerprint, tiny_encoder.config, x) for x in texts]
+    assert len(store.lookup(keys)) == 11

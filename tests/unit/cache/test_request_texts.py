@@ -1,0 +1,41 @@
+"""cache/request_texts.py: a big request's texts go to a file, named in a small job row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from layerbank.cache.errors import InputError
+from layerbank.cache.request_texts import INLINE_MAX_CHARS, discard, requests_dir, texts_of, to_payload
+
+
+def test_small_requests_stay_inline_and_write_nothing(tmp_path: Path) -> None:
+    texts = ["a", "b" * 1000]
+    assert to_payload(tmp_path, "job1", texts) == {"texts": texts}
+    assert not requests_dir(tmp_path).exists()
+    assert texts_of(tmp_path, {"texts": texts}) == texts
+
+
+def test_a_big_request_goes_to_a_file_and_comes_back_the_same(tmp_path: Path) -> None:
+    texts = ["naïve café 😀 " * 9000, "x" * (INLINE_MAX_CHARS - 5), "", "tab\tand\nnewline"]
+    payload = to_payload(tmp_path, "0123456789abcdef", texts)
+    assert payload == {"texts_file": "0123456789abcdef.json"}
+    assert len(json.dumps(payload)) < 100  # what the job row holds
+    assert sorted(p.name for p in requests_dir(tmp_path).iterdir()) == ["0123456789abcdef.json"]  # no .tmp
+    assert texts_of(tmp_path, payload) == texts
+    discard(tmp_path, payload)
+    assert list(requests_dir(tmp_path).iterdir()) == []
+    discard(tmp_path, payload)  # twice is fine
+    discard(tmp_path, {"texts": texts})  # inline: nothing to remove
+
+
+def test_a_missing_file_or_a_path_in_the_payload_fails_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"requests/gone\.json is gone"):
+        texts_of(tmp_path, {"texts_file": "gone.json"})
+    (tmp_path / "secret.json").write_text('["not yours"]')
+    with pytest.raises(InputError, match="bad texts_file"):
+        texts_of(tmp_path, {"texts_file": "../secret.json"})
+    discard(tmp_path, {"texts_file": "../secret.json"})
+    assert (tmp_path / "secret.json").exists()
