@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardContents
 from layerbank.cache.store import FeatureStore
@@ -78,9 +77,10 @@ def test_a_damaged_shard_moves_to_quarantine_whole_and_the_log_says_so(
         assert (data / "quarantine" / "job-00000.h5").read_bytes() == swapped  # kept for inspection
         assert list((data / "shards").iterdir()) == []
         lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+        shard = data / "shards" / "job-00000.h5"
         assert lines == [("layerbank.store", "ERROR",
-                          f"quarantined shard job-00000.h5 (shard {data / 'shards' / 'job-00000.h5'} is damaged: rows do not "
-                          "hold the keys the catalog lists); 3 keys will be recomputed")]
+                          (f"quarantined shard job-00000.h5 (shard {shard} is damaged: rows do not hold "
+                           "the keys the catalog lists); 3 keys will be recomputed"))]
     finally:
         store.close()
 
