@@ -34,7 +34,7 @@ __all__ = ["ModelPool", "ServedModel", "UnknownModel", "default_budget_bytes", "
 
 log = logging.getLogger("layerbank.worker")
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
 class UnknownModel(ValueError):
@@ -67,7 +67,11 @@ class ServedModel:
         d = self.source.directory
         if d is None or not d.is_dir():
             return 0
-        return sum(p.stat().st_size for p in d.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+        files = [p for p in d.iterdir() if p.is_file()]
+        for suffix in _WEIGHT_SUFFIXES:  # one format is loaded: safetensors before a .bin copy
+            if sizes := [p.stat().st_size for p in files if p.suffix == suffix]:
+                return sum(sizes)
+        return 0
 
 
 def encoder_bytes(encoder: Any) -> int:

@@ -109,8 +109,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _default_model_first(self) -> "Settings":
         served = [m.strip() for m in self.models.split(",") if m.strip()]
-        if self.model is not None and self.model not in served:
-            served.insert(0, self.model)
+        if self.model is not None:  # named on its own (--model, LAYERBANK_MODEL): the default
+            served = [self.model] + [m for m in served if m != self.model]
         if served:
             self.model = None if served[0] == EMBEDDED_MODEL else served[0]
             self.models = ",".join(dict.fromkeys(served)) if len(set(served)) > 1 else ""

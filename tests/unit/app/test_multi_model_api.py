@@ -118,3 +118,28 @@ def test_a_dataset_names_its_model_and_is_extracted_by_it(two_models: Any, other
     assert r.json()["data"][0]["cached"] is True  # the dataset stored it, for this model
     r = client.post("/v1/features", json={"texts": ["one text"]})
     assert r.json()["data"][0]["cached"] is False  # the default model had never seen it
+
+
+def test_model_given_twice_serves_both_the_first_by_default(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerbank.app.api.settings import Settings
+    from layerbank.app.cli.common import settings_from
+    from layerbank.app.cli.main import build_parser
+    from layerbank.app.cli.worker import settings_env
+
+    monkeypatch.delenv("LAYERBANK_MODEL", raising=False)
+    monkeypatch.delenv("LAYERBANK_MODELS", raising=False)
+    other = str(tmp_path / "my-bert")
+    s = settings_from(build_parser().parse_args(["serve", "--model", "embedded", "--model", other]))
+    assert s.model is None and s.served_models == [None, other]
+    # the worker process gets the same list through its environment
+    env = settings_env(s)
+    assert env["LAYERBANK_MODELS"] == f"embedded,{other}" and "LAYERBANK_MODEL" not in env
+    monkeypatch.setenv("LAYERBANK_MODELS", env["LAYERBANK_MODELS"])
+    assert Settings().served_models == [None, other]
+    assert Settings(model=other).served_models == [other, None]  # named on its own: the default
+    monkeypatch.delenv("LAYERBANK_MODELS")
+    # one model: as before, no list
+    one = settings_from(build_parser().parse_args(["serve", "--model", other]))
+    assert (one.model, one.models, one.served_models) == (other, "", [other])
+    assert Settings(models=f"{other},embedded").model == other  # the first is the default
