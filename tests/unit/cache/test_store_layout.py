@@ -66,7 +66,7 @@ def test_a_damaged_shard_moves_to_quarantine_whole_and_the_log_says_so(
         keys = keys_of(store, "a", "b", "c")
         store.write("job-00000", contents(keys, 0), model="local:m", config=CFG)
         # a shard whose rows hold other keys (a file swapped under the catalog)
-        other = FeatureStore(tmp_path / "other")
+        other = FeatureStore(tmp_path / "other", catalog_url="")  # a catalog of its own
         other.write("job-00000", contents(keys_of(other, "x", "y", "z"), 1), model="local:m", config=CFG)
         other.close()
         swapped = (tmp_path / "other" / "shards" / "job-00000.h5").read_bytes()
