@@ -47,7 +47,7 @@ def test_two_models_one_server_probe_the_same_dataset_and_keep_their_rows_apart(
     assert info[0]["hidden_size"] == 384 and info[1]["path"] == tiny  # the tiny one: loaded on first use
 
     texts, labels = sst_sentences(70, 4700)
-    probes = {}
+    probes, datasets = {}, {}
     for model in (None, tiny):
         body: dict[str, Any] = {"name": f"sst2-{model or 'default'}", "texts": texts, "labels": labels}
         if model is not None:
@@ -56,6 +56,7 @@ def test_two_models_one_server_probe_the_same_dataset_and_keep_their_rows_apart(
         assert r.status_code == 202, r.text
         ds = r.json()
         assert s.wait_job(ds["job_id"])["state"] == "succeeded"
+        datasets[model] = ds
         r = s.post("/v1/probes", json={"dataset": ds["id"], "views": ["layer:-1"], "poolings": ["mean"],
                                        "cv": 3})
         assert r.status_code == 202, r.text
@@ -88,6 +89,15 @@ def test_two_models_one_server_probe_the_same_dataset_and_keep_their_rows_apart(
     assert _features(s, fresh, tiny)[1] == [False]
     assert _features(s, fresh, "default")[1] == [False], "the tiny model's row answered the default"
     assert _features(s, fresh, None)[1] == [True] and _features(s, fresh, tiny)[1] == [True]
+
+    # a head fitted on the tiny model's dataset predicts from the tiny model's features
+    r = s.post("/v1/heads", json={"dataset": datasets[tiny]["id"], "view": "layer:-1", "pooling": "mean"})
+    assert r.status_code == 202, r.text
+    head = r.json()
+    assert s.wait_job(head["job_id"])["state"] == "succeeded"
+    r = s.post(f"/v1/heads/{head['id']}/predict", json={"texts": some + fresh})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == tiny and [d["cached"] for d in r.json()["data"]] == [True] * 5
 
     r = s.post("/v1/features", json={"texts": ["x"], "model": "bert-large-uncased"})
     assert r.status_code == 422 and r.json()["type"] == "validation"
