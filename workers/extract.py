@@ -4,7 +4,11 @@ The job's unique texts are cut into fixed **parts** (in order of character
 length, so each part is length-homogeneous) before anything is looked up.
 Part ``p`` of job ``j`` is always written as shard ``j-p``: a re-run after a
 crash skips parts already committed and rewrites the others under the same
-names, so nothing is stored twice.
+names, so nothing is stored twice. A part is at most ``part_size`` texts
+and, when token-level states are stored, at most ``TOKEN_PART_BYTES`` of
+them by an upper bound of its tokens (``token_bound``): a part's states are
+held in memory until its shard is written, so this bounds a token job's
+memory whatever its size (2,048 CoNLL sentences held 1 GB of float32 states).
 
 Example::
 
@@ -32,7 +36,8 @@ if TYPE_CHECKING:  # torch loads with the encoder, not with this module: a run w
     # texts are all stored plans and reports without it (app/cli/store_first.py)
     from .encoder import Encoded, Encoder, Tokenized
 
-__all__ = ["ExtractSummary", "Part", "Plan", "Progress", "Stopped", "extract", "plan_parts"]
+__all__ = ["TOKEN_PART_BYTES", "ExtractSummary", "Part", "Plan", "Progress", "Stopped", "extract", "plan_parts",
+           "token_bound", "token_part_limit"]
 
 
 class Stopped(Exception):
@@ -124,11 +129,53 @@ def plan_parts(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, j
     # truncation among hits counts too: the summary describes the whole input
     summary.truncated = sum(1 for e in hits.values() if e.truncated)
     parts = []
-    for p, start in enumerate(range(0, len(uniq), part_size)):
-        misses = [k for k in uniq[start : start + part_size] if k not in hits]
+    limit = token_part_limit(encoder) if want_tokens else None
+    cuts = _cut(uniq, [texts[first[k]] for k in uniq], part_size, limit,
+                int(cfg.max_length or 512))
+    for p, (start, stop) in enumerate(cuts):
+        misses = [k for k in uniq[start:stop] if k not in hits]
         if misses:
             parts.append(Part(f"{job_id}-{p:05d}", misses, [texts[first[k]] for k in misses]))
     return Plan(summary, parts, hits)
+
+
+# Token-level states of one part are held in memory until its shard is written;
+# a part's bound on them (below) keeps a token job's peak independent of the job's size.
+TOKEN_PART_BYTES = 128 * 2**20
+
+
+def token_part_limit(encoder: Encoder) -> int:
+    """Most tokens a part of a token job may hold: ``TOKEN_PART_BYTES`` of stored token states
+    (H x d numbers of the storage dtype per token)."""
+    info = encoder.info
+    per_token = (int(info["n_hidden_states"]) * int(info["hidden_size"])
+                 * np.dtype(encoder.config.storage_dtype).itemsize)
+    return max(1, TOKEN_PART_BYTES // per_token)
+
+
+def token_bound(text: str, max_length: int) -> int:
+    """An upper bound of the tokens a text becomes, known before tokenizing: every
+    word piece covers at least one character, plus the special tokens, and
+    truncation stops at ``max_length``."""
+    return min(len(text) + 2, max_length)
+
+
+def _cut(keys: list[str], texts: list[str], part_size: int, token_limit: int | None,
+         max_length: int) -> list[tuple[int, int]]:
+    """Part boundaries over the sorted unique texts: at most ``part_size`` texts a part
+    and, for a token job, at most ``token_limit`` tokens by ``token_bound`` (a part holds
+    at least one text). Depends only on the texts, so every attempt cuts the same parts."""
+    cuts: list[tuple[int, int]] = []
+    start, used = 0, 0
+    for i, text in enumerate(texts):
+        cost = token_bound(text, max_length) if token_limit is not None else 0
+        if i > start and (i - start >= part_size or (token_limit is not None and used + cost > token_limit)):
+            cuts.append((start, i))
+            start, used = i, 0
+        used += cost
+    if keys:
+        cuts.append((start, len(keys)))
+    return cuts
 
 
 def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_id: str,
@@ -175,7 +222,9 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
     """Encode one part in batches of little padding; results in the order of ``texts``.
 
     Pooled rows stay float32 until the shard writer casts them, so that it
-    can refuse values the storage dtype cannot hold (float16 overflow).
+    can refuse values the storage dtype cannot hold (float16 overflow); token
+    rows are cast per batch (``_storage_token_rows``), keeping float32 where
+    float16 would overflow, for the same refusal.
     """
     from .encoder import Encoded
 
@@ -199,8 +248,10 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
                 pooled[name] = np.empty((n,) + arr.shape[1:], dtype=np.float32)
             pooled[name][batch_idx] = arr
         if out.tokens is not None:
+            # in the storage dtype now: the part's token states wait in memory for the
+            # shard write, and float32 copies of them were twice what is stored
             for j, i in enumerate(batch_idx):
-                tokens[i] = out.tokens[j]
+                tokens[i] = _storage_token_rows(out.tokens[j], encoder.config.storage_dtype)
         if encoder.device.type == "cpu":
             _return_freed_heap()
         prog.done += len(batch_idx)
@@ -273,6 +324,14 @@ def _return_freed_heap() -> None:
 
 _malloc_trim: Any = None
 _FLOAT16_OVERFLOW = 65520.0  # the smallest magnitude that rounds to inf in float16
+
+
+def _storage_token_rows(rows: TokenRows, dtype: str) -> TokenRows:
+    """One text's token rows with states cast to the storage dtype (a copy: the
+    float32 batch they were cut from is freed); float32 kept where float16 would
+    overflow, for the shard writer to refuse."""
+    states = _storage_rows(np.ascontiguousarray(rows.states), dtype)
+    return TokenRows(states, rows.ids, rows.char_spans, rows.word_ids)
 
 
 def _storage_rows(rows: np.ndarray, dtype: str) -> np.ndarray:

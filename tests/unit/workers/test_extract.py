@@ -7,7 +7,6 @@ count the texts it was given, so "encoded once" is a number, not a hope.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
 
 import numpy as np
@@ -35,8 +34,7 @@ def seen(tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch) -> Counter:
 
 
 def catalog_keys(store: FeatureStore) -> list[str]:
-    with sqlite3.connect(store.root / "catalog.sqlite") as db:
-        return [r[0] for r in db.execute("SELECT key FROM entries")]
+    return [r[0] for r in store.catalog.conn().execute("SELECT key FROM entries")]
 
 
 def test_first_run_encodes_everything_and_stores_the_encoders_numbers(
@@ -192,3 +190,29 @@ def test_truncated_texts_are_counted(store: FeatureStore, tiny_model_dir: str) -
     res = store.read_pooled(s.keys, "mean")
     assert [e.truncated for e in res.entries if e] == [False, True]
     assert [e.n_tokens for e in res.entries if e] == [3, 6]
+
+
+def test_a_token_job_cuts_parts_by_a_bound_of_their_tokens(
+        store: FeatureStore, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a part's token states wait in memory for its shard write: the bound keeps a
+    # token job's memory independent of its size (2,048 CoNLL sentences held 1 GB)
+    import layerbank.workers.extract as ex
+
+    per_token = 3 * 32 * 2  # tiny model: 3 hidden states x 32, float16
+    monkeypatch.setattr(ex, "TOKEN_PART_BYTES", 20 * per_token)
+    assert ex.token_part_limit(tiny_encoder) == 20
+    texts = [" ".join(["word"] * n) for n in range(1, 9)]  # 4 .. 39 characters
+    plan = plan_parts(texts, store, tiny_encoder, job_id="t", part_size=100, want_tokens=True)
+    bounds = [sum(min(len(t) + 2, 512) for t in p.texts) for p in plan.parts]
+    # bounds 6, 11, 16, 21, ...: "word" and "word word" share a part (17); from 16 on each
+    # text is a part of its own, over the limit when it alone exceeds it (a part holds one text at least)
+    assert bounds == [17, 16, 21, 26, 31, 36, 41]
+    assert [p.name for p in plan.parts] == [f"t-{i:05d}" for i in range(7)]
+    plain = plan_parts(texts, store, tiny_encoder, job_id="p", part_size=100, want_tokens=False)
+    assert [len(p.texts) for p in plain.parts] == [8]  # pooled only: no token bound
+    s = extract(texts, store, tiny_encoder, job_id="t", want_tokens=True, part_size=100)
+    assert s.shards_written == len(plan.parts)
+    for key, text in zip(s.keys, texts):
+        rows = store.read_tokens(key)
+        assert rows is not None and rows.states.dtype == np.float16
+        assert rows.states.shape[0] <= ex.token_bound(text, 512)  # the bound holds
