@@ -8,8 +8,9 @@ Texts: SST-2 dev phrases at offsets 4700-4769 (conftest.sst_sentences).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

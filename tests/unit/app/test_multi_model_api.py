@@ -25,7 +25,6 @@ def other_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def two_models(tmp_path: Path, tiny_model_dir: str, other_dir: str) -> Iterator[Any]:
     """The app and a worker thread serving the tiny model (default) and ``other_dir``."""
     from fastapi.testclient import TestClient
-
     from layerbank.app.api.main import create_app
     from layerbank.app.api.settings import Settings
     from layerbank.app.cli.worker import served_models
@@ -103,7 +102,7 @@ def test_a_model_not_served_is_a_422_naming_those_that_are(two_models: Any, othe
 
 
 def test_a_dataset_names_its_model_and_is_extracted_by_it(two_models: Any, other_dir: str) -> None:
-    client, worker = two_models
+    client, _ = two_models
     r = client.post("/v1/datasets", json={"name": "other", "texts": ["one text", "two texts"],
                                           "labels": ["a", "b"], "model": other_dir})
     assert r.status_code == 202, r.text
