@@ -84,7 +84,7 @@ class FeaturesRequest(BaseModel):
     texts: list[Text] = Field(min_length=1, description="texts, hashed exactly as given")
     view: str | None = Field(None, description=f"{VIEW_GRAMMAR}; default in /info")
     pooling: Pooling | None = Field(None, description="default in /info")
-    model: str | None = Field(None, description="must be the served model when given")
+    model: str | None = Field(None, description="a served model's name or fingerprint (GET /info lists them); default: the default model")
     precision: Precision | None = Field(None, description=_PRECISION)
     format: Format = Field("json", description="json: lists of numbers; base64: little-endian "
                            "bytes of `dtype`")
