@@ -163,7 +163,7 @@ class Bank:
         if self._client is not None:
             ds = self._client.upload_dataset("layerbank.Bank", texts, labels=list(labels))
             asked = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts).items()
-                     if k not in ("threads", "n_jobs")}  # how the server runs it is the server's
+                     if k not in ("threads", "n_jobs", "storage_dtype")}  # the server's to know
             result: dict[str, Any] = self._client.probe(ds, progress=False, **asked)
             return result
         poolings = list(opts.poolings)
@@ -172,8 +172,9 @@ class Bank:
         states = dict(zip(poolings, self._read(
             texts, poolings, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
         m = self._known_model()
+        # the model's storage dtype is the heads' noise floor (layerbank.app.probes.standardize)
         return probe_sentences(states.__getitem__, labels, model=model_summary(m.info, m.fingerprint),
-                               options=opts, progress=progress)
+                               options=replace(opts, storage_dtype=m.config.storage_dtype), progress=progress)
 
     # -- the store, and the encoder only for misses ---------------------------
     def _read(self, texts: list[str], poolings: Sequence[str],

@@ -6,14 +6,20 @@ learns, sets attributes ending in ``_`` and returns ``self``; ``predict`` and
 ``GridSearchCV`` or ``cross_val_score``.
 
 Every head standardizes its input (mean and scale learned in ``fit``, so only
-from training rows) and then predicts from plain numpy arrays it owns. That is
+from training rows) and then predicts from plain numpy arrays it owns. The
+standardisation is noise-aware, as the token probe's and MDL's are
+(layerbank.app.probes.standardize): a dimension whose spread is below one step
+of ``storage_dtype`` (the dtype the features were stored in) is stored
+rounding noise, and gets ``scale_ = inf``, so its standardized value is 0 and
+it carries no weight, instead of being scaled up to unit variance; ``n_dropped_``
+counts them. Saved heads keep their layout (``mean_``, ``scale_``). That is
 what makes saving possible without pickle: ``save_head`` writes those arrays
 to ``arrays.npz`` and the parameters to ``head.json``; ``load_head`` reads
 them back with ``np.load(..., allow_pickle=False)``.
 
 Heads by name (``make_head(name, seed)``):
 
-    logistic     StandardScaler + L2 logistic regression (lbfgs); C chosen by
+    logistic     standardize + L2 logistic regression (lbfgs); C chosen by
                  inner stratified CV on the training rows only (the default)
     ridge        RidgeClassifierCV; alpha chosen by efficient leave-one-out
     linear_svm   LinearSVC
@@ -43,7 +49,6 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.linear_model import RidgeClassifierCV
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.neural_network import MLPClassifier
-from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -52,6 +57,7 @@ from layerbank.app.probes.head_files import read_head, write_head
 from layerbank.app.probes.head_names import HEAD_NAMES
 from layerbank.app.probes.logistic import fit_logistic_cv, softmax_decision
 from layerbank.app.probes.scalar_mix import ScalarMixHead  # it imports logistic, not this module
+from layerbank.app.probes.standardize import Standardizer
 from layerbank.cache.errors import InputError
 
 __all__ = [
@@ -85,6 +91,7 @@ class Head(ClassifierMixin, BaseEstimator):
     """
 
     name: ClassVar[str] = ""
+    storage_dtype: str = "float16"  # set by every subclass's __init__ (a scikit-learn parameter)
     _arrays: ClassVar[tuple[str, ...]] = ()
     _scalars: ClassVar[tuple[str, ...]] = ()
 
@@ -95,11 +102,18 @@ class Head(ClassifierMixin, BaseEstimator):
         if len(self.classes_) < 2:
             # sklearn's one-label check accepts a ValueError naming the class count
             raise ValueError(f"a head needs samples of at least 2 classes; got 1 class ({self.classes_[0]!r})")
-        scaler = StandardScaler().fit(X)
-        self.mean_ = np.asarray(scaler.mean_, dtype=np.float64)
-        self.scale_ = np.asarray(scaler.scale_, dtype=np.float64)
+        scaler = Standardizer(self.storage_dtype).fit(X)
+        # a dropped (noise) dimension: scale inf, so (x - mean) / scale is 0 and it weighs nothing
+        self.mean_ = np.zeros(X.shape[1])
+        self.scale_ = np.full(X.shape[1], np.inf)
+        self.mean_[scaler.keep_], self.scale_[scaler.keep_] = scaler.mean_, scaler.scale_
         self._fit_standardized((X - self.mean_) / self.scale_, y_idx)
         return self
+
+    @property
+    def n_dropped_(self) -> int:
+        """Dimensions left out as storage rounding noise (also for a loaded head)."""
+        return int(np.isinf(self.scale_).sum())
 
     def _fit_standardized(self, Z: np.ndarray, y_idx: np.ndarray) -> None:
         raise NotImplementedError
@@ -162,7 +176,9 @@ class LogisticHead(_LinearHead):
     _scalars = ("C_", "n_iter_")
 
     def __init__(self, Cs: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0), inner_cv: int = 3,
-                 max_iter: int = 300, tol: float = 1e-4, random_state: int | None = 0) -> None:
+                 max_iter: int = 300, tol: float = 1e-4, random_state: int | None = 0,
+                 storage_dtype: str = "float16") -> None:
+        self.storage_dtype = storage_dtype
         self.Cs = Cs
         self.inner_cv = inner_cv
         self.max_iter = max_iter
@@ -185,7 +201,9 @@ class RidgeHead(_LinearHead):
     name = "ridge"
     _scalars = ("alpha_",)
 
-    def __init__(self, alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0)) -> None:
+    def __init__(self, alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0, 1000.0),
+                 storage_dtype: str = "float16") -> None:
+        self.storage_dtype = storage_dtype
         self.alphas = alphas
 
     def _fit_standardized(self, Z: np.ndarray, y_idx: np.ndarray) -> None:
@@ -202,7 +220,9 @@ class LinearSVMHead(_LinearHead):
     name = "linear_svm"
     _scalars = ("n_iter_",)
 
-    def __init__(self, C: float = 0.1, max_iter: int = 2000, random_state: int | None = 0) -> None:
+    def __init__(self, C: float = 0.1, max_iter: int = 2000, random_state: int | None = 0,
+                 storage_dtype: str = "float16") -> None:
+        self.storage_dtype = storage_dtype
         self.C = C
         self.max_iter = max_iter
         self.random_state = random_state
@@ -227,7 +247,8 @@ class MLPHead(Head):
     _scalars = ("n_iter_",)
 
     def __init__(self, hidden_units: int = 64, alpha: float = 1e-2, max_iter: int = 200,
-                 random_state: int | None = 0) -> None:
+                 random_state: int | None = 0, storage_dtype: str = "float16") -> None:
+        self.storage_dtype = storage_dtype
         self.hidden_units = hidden_units
         self.alpha = alpha
         self.max_iter = max_iter
@@ -259,7 +280,8 @@ class KNNHead(Head):
     _arrays = ("classes_", "mean_", "scale_", "train_features_", "train_labels_")
     _scalars = ("n_neighbors_",)
 
-    def __init__(self, n_neighbors: int = 10) -> None:
+    def __init__(self, n_neighbors: int = 10, storage_dtype: str = "float16") -> None:
+        self.storage_dtype = storage_dtype
         self.n_neighbors = n_neighbors
 
     def _fit_standardized(self, Z: np.ndarray, y_idx: np.ndarray) -> None:
@@ -290,12 +312,15 @@ def _head_class(name: str) -> type:
     return _HEAD_CLASSES[name]
 
 
-def make_head(name: str, seed: int = 0) -> Any:
-    """A fresh, unfitted head by name, with ``seed`` wherever it draws randomness."""
+def make_head(name: str, seed: int = 0, storage_dtype: str = "float16") -> Any:
+    """A fresh, unfitted head by name, with ``seed`` wherever it draws randomness;
+    ``storage_dtype``: what its features were stored as (the noise floor of its standardisation)."""
     if not isinstance(name, str):
         raise ProbeInputError(f"a head name must be a string, one of {', '.join(HEAD_NAMES)}", field="head")
     cls = _head_class(name)
-    return cls(random_state=seed) if "random_state" in cls().get_params() else cls()
+    params = cls().get_params()
+    given = {"random_state": seed, "storage_dtype": storage_dtype}
+    return cls(**{k: v for k, v in given.items() if k in params})
 
 
 def save_head(head: Any, directory: str | Path, metadata: dict[str, Any]) -> int:

@@ -168,6 +168,11 @@ def _read_states(store: FeatureStore, keys: list[str], pooling: str, what: str) 
     return res.data
 
 
+def _storage_dtype(info: dict[str, Any] | None) -> str:
+    """The dtype the model's states were stored in (its catalog info): the heads' noise floor."""
+    return str((info or {}).get("storage_dtype") or "float16")
+
+
 def _run_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
     p = job.payload
     if p.get("task") == "token_classification":
@@ -182,8 +187,8 @@ def _run_probe(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
         ctl.stage("fitting")
         return states
 
-    result = probe_sentences(get_states, items.labels, options=ProbeOptions.from_payload(p, threads=1),
-                             model=model, progress=ctl.progress)
+    options = ProbeOptions.from_payload(p, threads=1, storage_dtype=_storage_dtype(info))
+    result = probe_sentences(get_states, items.labels, options=options, model=model, progress=ctl.progress)
     result["dataset"] = {"id": ds.id, "name": ds.name, "n_items": ds.n_items}
     result["runtime"] = _runtime()
     return result
@@ -250,7 +255,8 @@ def _run_head(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
     states = _read_states(store, dataset_keys(ds, items.texts), p["pooling"], "dataset")
     ctl.stage("fitting")
     labels = items.labels
-    head = fit_head(states, labels, p["view"], head=p["head"], seed=int(p["seed"]), threads=1)
+    head = fit_head(states, labels, p["view"], head=p["head"], seed=int(p["seed"]), threads=1,
+                    storage_dtype=_storage_dtype(info))
     ctl.progress(1, 2)
     # cancelled while fitting: write nothing. Ask the catalog now (a lease renewal is refused
     # once a cancel was asked for): the last heartbeat may be seconds old

@@ -40,6 +40,8 @@ class ProbeOptions:
     train_sizes: Sequence[int] = (50, 100, 200, 500, 1000)
     threads: int | None = 1  # BLAS threads per fit (None: the library's default)
     n_jobs: int | None = None  # fits at once (None: sweep.default_jobs())
+    # what the states were stored as: heads and MDL leave out dimensions below its resolution
+    storage_dtype: str = "float16"
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any], **how: Any) -> ProbeOptions:

@@ -205,19 +205,22 @@ def default_jobs() -> int:
     return max(1, min(2, cores))
 
 
-def _estimator(spec: str, head: str, seed: int) -> Any:
-    return ScalarMixHead(random_state=seed) if spec == "scalar_mix" else make_head(head, seed)
+def _estimator(spec: str, head: str, seed: int, storage_dtype: str = "float16") -> Any:
+    # storage_dtype: the heads leave out dimensions below its resolution (stored rounding noise)
+    return ScalarMixHead(random_state=seed) if spec == "scalar_mix" else make_head(head, seed, storage_dtype)
 
 
 def fit_head(states: np.ndarray, labels: Sequence[Any] | np.ndarray, view: str, *,
-             head: str = "logistic", seed: int = 0, threads: int | None = 1) -> Any:
+             head: str = "logistic", seed: int = 0, threads: int | None = 1,
+             storage_dtype: str = "float16") -> Any:
     """Fit one head on all rows of ``states`` [n, H, d] (e.g. the best view and
-    pooling of a probe result), ready for ``save_head``."""
+    pooling of a probe result), ready for ``save_head``; ``storage_dtype``: what
+    the states were stored as (the heads' noise floor, layerbank.app.probes.standardize)."""
     y = check_labels(labels, cv=1)
     states = check_states(states, len(y), "given")
     expand_views([view], states.shape[1])
     with threadpool_limits(limits=threads):
-        return quiet_fit(_estimator(view, head, seed), _features(view, states), y)[0]
+        return quiet_fit(_estimator(view, head, seed, storage_dtype), _features(view, states), y)[0]
 
 
 def _learning_sizes(train_sizes: Sequence[int], folds: Folds, n_classes: int) -> list[int]:
@@ -289,7 +292,7 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
     def codelength(X: np.ndarray, labels_index: np.ndarray) -> dict[str, Any]:
         nonlocal mdl_seconds
         start = time.perf_counter()
-        code = online_codelength(X, labels_index, len(classes), seed=seed)
+        code = online_codelength(X, labels_index, len(classes), seed=seed, storage_dtype=o.storage_dtype)
         mdl_seconds += time.perf_counter() - start
         tick()
         return {"online_kbits": round(code["online_bits"] / 1000, 3),
@@ -314,7 +317,8 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
             # every view of this pooling at once (fits across views keep both
             # threads busy); one pooling's states in memory at a time
             all_scores = fits.cross_validate(
-                [(_estimator(spec, head, seed), _features(spec, states), spec == "scalar_mix") for spec in specs],
+                [(_estimator(spec, head, seed, o.storage_dtype), _features(spec, states), spec == "scalar_mix")
+                 for spec in specs],
                 y, folds)
             for spec, scores in zip(specs, all_scores):
                 entry = {"view": spec, "pooling": pooling, "layer": single_layer(spec, n_states)}
@@ -342,9 +346,11 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
         task = {r["view"]: r["accuracy"]["mean"] for r in results if r["pooling"] == best["pooling"]}
         task_f1 = {r["view"]: r["macro_f1"]["mean"] for r in results if r["pooling"] == best["pooling"]}
         control = (_control_task(best_states, y, best, singles, task, task_f1, head, seed, cv, tick, fits,
-                                 (lambda X, yc: codelength(X, np.searchsorted(classes, yc))) if o.mdl else None)
+                                 (lambda X, yc: codelength(X, np.searchsorted(classes, yc))) if o.mdl else None,
+                                 storage_dtype=o.storage_dtype)
                    if control_task else None)
-        curve = _learning_curve(best_states, y, best, sizes, folds, head, seed, fits) if learning_curve else None
+        curve = (_learning_curve(best_states, y, best, sizes, folds, head, seed, fits, o.storage_dtype)
+                 if learning_curve else None)
     tick(total - done)
     return {
         "task": {"n_examples": len(y), "classes": [c.item() for c in classes],
@@ -371,7 +377,8 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
 def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singles: list[str],
                   task: dict[str, float], task_f1: dict[str, float], head: str, seed: int, cv: int,
                   tick: Callable[..., None], fits: _Fits,
-                  codelength: Callable[[np.ndarray, np.ndarray], dict[str, Any]] | None) -> dict[str, Any]:
+                  codelength: Callable[[np.ndarray, np.ndarray], dict[str, Any]] | None, *,
+                  storage_dtype: str = "float16") -> dict[str, Any]:
     """Same probe on labels permuted once with ``seed`` (same class counts).
 
     ``task`` and ``task_f1`` map each view of the best pooling to its task
@@ -382,7 +389,7 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
     folds = list(StratifiedKFold(cv, shuffle=True, random_state=seed).split(np.zeros(len(y)), y_control))
     specs = singles + ([best["view"]] if best["view"] not in singles else [])
     rows = []
-    all_scores = fits.cross_validate([(_estimator(spec, head, seed), _features(spec, states), False)
+    all_scores = fits.cross_validate([(_estimator(spec, head, seed, storage_dtype), _features(spec, states), False)
                                       for spec in specs], y_control, folds)
     for spec, scores in zip(specs, all_scores):
         control = scores["accuracy"]["mean"]
@@ -405,10 +412,11 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
 
 
 def _learning_curve(states: np.ndarray, y: np.ndarray, best: dict[str, Any], sizes: list[int],
-                    folds: Folds, head: str, seed: int, fits: _Fits) -> dict[str, Any]:
+                    folds: Folds, head: str, seed: int, fits: _Fits,
+                    storage_dtype: str = "float16") -> dict[str, Any]:
     """Stratified subsamples of each training fold, scored on the held-out fold."""
     X = _features(best["view"], states)
-    estimator = _estimator(best["view"], head, seed)
+    estimator = _estimator(best["view"], head, seed, storage_dtype)
     points = []
     for size in sizes:
         sub = [(train_test_split(train, train_size=size, stratify=y[train], random_state=seed)[0], test)

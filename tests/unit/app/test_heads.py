@@ -153,3 +153,38 @@ def test_knn_saves_its_training_rows_so_its_size_grows_with_them(tmp_path: Path)
 
 def test_scalar_mix_head_is_registered_for_loading() -> None:
     assert isinstance(heads.make_head("scalar_mix"), ScalarMixHead)
+
+
+@pytest.mark.parametrize("name", [n for n in HEAD_NAMES if n != "scalar_mix"])
+def test_a_dimension_of_float16_rounding_noise_is_left_out(name: str, tmp_path: Path) -> None:
+    # what a near-constant dimension looks like after float16 storage: two adjacent
+    # float16 values at random; plain standardisation made that unit-variance noise
+    X, y = _data(n=150, d=4)
+    step = float(np.spacing(np.float16(3.0)))  # 0.00195 at 3.0
+    noise = 3.0 + step * np.random.default_rng(1).integers(0, 2, size=(len(X), 1))
+    with_noise = np.hstack([X[:, :2], noise, X[:, 2:]])
+    head = make_head(name, seed=0).fit(with_noise, y)
+    assert head.n_dropped_ == 1 and np.isinf(head.scale_[2]) and np.isfinite(np.delete(head.scale_, 2)).all()
+    # the noise column weighs nothing: other noise there changes no probability
+    redrawn = with_noise.copy()
+    redrawn[:, 2] = 3.0 + step * np.random.default_rng(2).integers(0, 2, size=len(X))
+    np.testing.assert_array_equal(head.predict_proba(redrawn), head.predict_proba(with_noise))
+    if name != "mlp":  # (the MLP's random init draws weights for the extra input too)
+        # and the head is the one that never saw it
+        clean = make_head(name, seed=0).fit(X, y)
+        np.testing.assert_allclose(head.predict_proba(with_noise), clean.predict_proba(X), atol=1e-6)
+    save_head(head, tmp_path / "h", {})
+    assert load_head(tmp_path / "h").n_dropped_ == 1
+    # stored as float32, the same spread is 16,000 steps: a real dimension, kept
+    assert make_head(name, seed=0, storage_dtype="float32").fit(with_noise, y).n_dropped_ == 0
+
+
+def test_the_sentence_probe_passes_the_storage_dtype_to_its_heads() -> None:
+    from layerbank.app.probes.sweep import fit_head
+
+    X, y = _data(n=90, d=4)
+    step = float(np.spacing(np.float16(3.0)))
+    states = np.stack([X, X], axis=1)  # [n, H=2, d]
+    states[:, 1, 0] = 3.0 + step * (np.arange(len(X)) % 2)  # layer 1, dimension 0: float16 rounding noise
+    assert fit_head(states, y, "layer:1").n_dropped_ == 1  # float16, the default storage
+    assert fit_head(states, y, "layer:1", storage_dtype="float32").n_dropped_ == 0
