@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +47,8 @@ import numpy as np
 from layerbank.app.probes.logistic import fit_logistic, fit_logistic_cv
 from layerbank.app.probes.standardize import Standardizer
 
-__all__ = ["CS", "PAPER_FRACTIONS", "block_ends", "online_codelength", "uniform_codelength"]
+__all__ = ["CS", "PAPER_FRACTIONS", "block_ends", "online_codelength", "online_codelengths",
+           "uniform_codelength"]
 
 # Inverse L2 strengths tried per block (inner CV); the first is used while a class has < 3 examples.
 CS: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
@@ -102,45 +104,80 @@ def online_codelength(X: np.ndarray, y: np.ndarray, n_classes: int | None = None
     standardizer ignored as below ``storage_dtype``'s resolution), and
     ``converged`` (every block's fit stopped before ``max_iter``).
     """
+    y = np.asarray(y)
+    k = int(n_classes if n_classes is not None else (y.max() + 1 if y.size else 0))
+    return online_codelengths(X, [y], k, fractions=fractions, C=C, seed=seed, max_iter=max_iter,
+                              storage_dtype=storage_dtype, shuffle=shuffle, dtype=dtype)[0]
+
+
+def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, *,
+                       fractions: Sequence[float] = PAPER_FRACTIONS, C: float | None = None, seed: int = 0,
+                       max_iter: int = 500, storage_dtype: Any = np.float16, shuffle: bool = True,
+                       dtype: Any = np.float64, n_jobs: int = 1) -> list[dict[str, Any]]:
+    """``online_codelength`` of several label sets over the same ``X`` (a task's tags and its
+    control tags): one shuffle, the same blocks, each block standardised once for all of them.
+
+    Memory: the blocks are gathered from ``X`` block by block (at most the rows sent so far
+    plus the block being coded), not from a shuffled copy of all of ``X``; they are
+    standardised in place (``Standardizer.transform_in_place``). ``n_jobs`` > 1 fits the
+    label sets of a block on that many threads at once (numpy's products release the GIL).
+    """
     X = np.asarray(X)
-    y = np.asarray(y, dtype=np.int64)
-    if X.ndim != 2 or len(X) != len(y):
-        raise ValueError(f"X must be [n, d] with one label per row; got {X.shape} and {len(y)} labels")
-    k = int(n_classes if n_classes is not None else y.max() + 1)
+    ys = [np.asarray(y, dtype=np.int64) for y in ys]
+    if X.ndim != 2 or any(len(X) != len(y) for y in ys):
+        raise ValueError(f"X must be [n, d] with one label per row; got {X.shape} and "
+                         f"{[len(y) for y in ys]} labels")
+    k = int(n_classes)
     if k < 2:
         raise ValueError("MDL needs at least 2 classes")
-    n = len(y)
+    n = len(X)
     order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-    X, y = X[order], y[order]
+    ys = [y[order] for y in ys]
     ends = block_ends(n, fractions)
     first = ends[0]
-    online = first * math.log2(k)
-    blocks: list[dict[str, Any]] = []
-    converged = True
+    online = [first * math.log2(k)] * len(ys)
+    blocks: list[list[dict[str, Any]]] = [[] for _ in ys]
+    converged = [True] * len(ys)
     dropped = 0
-    for start, end in zip(ends[:-1], ends[1:]):
-        scaler = Standardizer(storage_dtype, dtype).fit(X[:start])
-        dropped = scaler.n_dropped
-        Z, seen = scaler.transform(X[:start]), y[:start]
+    work_dtype = np.dtype(dtype)
+
+    def fit(Z: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, int]:
         with warnings.catch_warnings():  # reported once, as ``converged``
             warnings.simplefilter("ignore")
             if C is not None:
-                params, n_iter = fit_logistic(Z, seen, k, C, max_iter=max_iter)
-            elif np.bincount(seen, minlength=k).min() >= 3:
+                return fit_logistic(Z, seen, k, C, max_iter=max_iter)
+            if np.bincount(seen, minlength=k).min() >= 3:
                 _, params, n_iter = fit_logistic_cv(Z, seen, k, CS, random_state=seed, max_iter=max_iter)
-            else:
-                params, n_iter = fit_logistic(Z, seen, k, CS[0], max_iter=max_iter)
-        converged &= n_iter < max_iter
-        bits = float(_bits(params, scaler.transform(X[start:end]), y[start:end]).sum())
-        online += bits
-        blocks.append({"rows": end - start, "trained_on": start, "bits": round(bits, 3)})
+                return params, n_iter
+            return fit_logistic(Z, seen, k, CS[0], max_iter=max_iter)
+
+    pool = ThreadPoolExecutor(n_jobs) if n_jobs > 1 and len(ys) > 1 else None
+    try:
+        for start, end in zip(ends[:-1], ends[1:]):
+            # a fresh gathered copy of the rows sent so far, standardised in place
+            Z = np.ascontiguousarray(X[order[:start]], dtype=work_dtype)
+            scaler = Standardizer(storage_dtype, work_dtype).fit(Z)
+            dropped = scaler.n_dropped
+            scaler.transform_in_place(Z)
+            seen = [y[:start] for y in ys]
+            fits = list(pool.map(fit, [Z] * len(ys), seen)) if pool else [fit(Z, s) for s in seen]
+            del Z
+            coded = scaler.transform_in_place(np.ascontiguousarray(X[order[start:end]], dtype=work_dtype))
+            for j, (params, n_iter) in enumerate(fits):
+                converged[j] &= n_iter < max_iter
+                bits = float(_bits(params, coded, ys[j][start:end]).sum())
+                online[j] += bits
+                blocks[j].append({"rows": end - start, "trained_on": start, "bits": round(bits, 3)})
+    finally:
+        if pool is not None:
+            pool.shutdown()
     uniform = uniform_codelength(n, k)
-    return {
-        "online_bits": round(online, 3),
+    return [{
+        "online_bits": round(online[j], 3),
         "uniform_bits": round(uniform, 3),
-        "compression": round(uniform / online, 4),
+        "compression": round(uniform / online[j], 4),
         "first_block": first,
-        "blocks": blocks,
+        "blocks": blocks[j],
         "dropped_dims": dropped,
-        "converged": bool(converged),
-    }
+        "converged": bool(converged[j]),
+    } for j in range(len(ys))]

@@ -85,6 +85,23 @@ class Standardizer:
         return out
 
 
+    def transform_in_place(self, X: np.ndarray) -> np.ndarray:
+        """Standardise ``X`` (of ``dtype``, C-contiguous) in its own memory; returns it.
+
+        Dropped dimensions are set to 0 instead of removed: under L2 a zero
+        column gets zero weight, so a logistic fit is the same as without it,
+        and no copy of a corpus-sized matrix is made.
+        """
+        if X.dtype != self.dtype or not X.flags.c_contiguous:
+            raise ValueError(f"transform_in_place needs a C-contiguous {self.dtype} array, got {X.dtype}")
+        mean = np.zeros(self.keep_.shape[0], dtype=self.dtype)
+        scale = np.full(self.keep_.shape[0], np.inf, dtype=self.dtype)  # x / inf = 0: a dropped dimension
+        mean[self.keep_], scale[self.keep_] = self.mean_, self.scale_
+        X -= mean
+        X /= scale
+        return X
+
+
 class NoiseAwareScaler(TransformerMixin, BaseEstimator):
     """``StandardScaler`` for stored features, as a scikit-learn step: dimensions
     below the storage dtype's resolution (see ``Standardizer``) are dropped.

@@ -96,3 +96,23 @@ def test_standardizer_drops_dimensions_below_the_storage_resolution():
     assert np.allclose(Z.mean(axis=0), 0) and np.allclose(Z.std(axis=0), 1)
     # stored as float32 the same spread is far above one step: kept
     assert Standardizer(np.float32).fit(X).n_dropped == 0
+
+
+def test_several_label_sets_share_the_blocks_and_match_one_by_one():
+    # the token probe codes its tags and its control tags in one pass, fits side by side
+    from layerbank.app.probes.mdl import online_codelengths
+
+    rng = np.random.default_rng(4)
+    n = 600
+    X = rng.normal(size=(n, 6)).astype(np.float32)
+    X[:, 5] = 2.0  # constant: dropped (zeroed in place) in every block
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0.5).astype(int)
+    y_control = rng.integers(0, 3, size=n)
+    one_by_one = [online_codelength(X, labels, 3, seed=2, C=1.0, dtype=np.float32) for labels in (y, y_control)]
+    together = online_codelengths(X, [y, y_control], 3, seed=2, C=1.0, dtype=np.float32, n_jobs=2)
+    for a, b in zip(together, one_by_one):
+        assert a["online_bits"] == pytest.approx(b["online_bits"], rel=1e-9)
+        assert a["dropped_dims"] == 1 and a["blocks"] == b["blocks"]
+    # random tags compress nothing (below 1 with a fixed C: early blocks overfit, see the module docstring)
+    assert together[0]["compression"] > 1.5 and together[1]["compression"] < 1.05
+    assert X[0, 5] == 2.0  # the caller's rows are not standardised in place
