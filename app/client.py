@@ -245,11 +245,12 @@ class Client:
                        words: Sequence[Sequence[str]] | None = None,
                        tags: Sequence[Sequence[str]] | None = None,
                        precision: str | None = None, wait: bool = False,
-                       progress: bool = False) -> dict[str, Any]:
+                       progress: bool = False, model: str | None = None) -> dict[str, Any]:
         """Register a dataset; returns it (``id``, ``job_id``, ...). ``texts`` is a list
         of strings, a pandas DataFrame, a pyarrow Table, a ``datasets.Dataset`` (with
         ``text_column``/``label_column``) or a path (as ``path=``). Extraction runs in
-        the background: ``wait=True`` (or ``wait(dataset)``) blocks until it succeeded."""
+        the background: ``wait=True`` (or ``wait(dataset)``) blocks until it succeeded.
+        ``model``: which served model extracts it (None: the server's default)."""
         from layerbank.app.tables import InputError, is_table, table_texts
 
         if isinstance(texts, (str, os.PathLike)) and path is None:
@@ -257,7 +258,7 @@ class Client:
         if path is not None:
             try:
                 ds = self._upload_path(Path(path), name, text_column, label_column, format, no_header,
-                                       precision)
+                                       precision, model)
             except (InputError, OSError) as e:  # read here, so the same one error type
                 raise ApiError(None, "validation", str(e)) from e
         else:
@@ -279,6 +280,8 @@ class Client:
                 body["labels"] = _plain(labels)
             if precision is not None:
                 body["precision"] = precision
+            if model is not None:
+                body["model"] = model
             ds = self.request("POST", "/v1/datasets", json=body)
         if wait:
             self.wait(ds, progress=progress)
@@ -287,17 +290,17 @@ class Client:
 
     def _upload_path(self, p: Path, name: str | None, text_column: str | None,
                      label_column: str | None, format: str | None, no_header: bool,
-                     precision: str | None) -> dict[str, Any]:
+                     precision: str | None, model: str | None = None) -> dict[str, Any]:
         from layerbank.app.tables import is_table_path, read_table_path
 
         if format is None and is_table_path(p) or format == "parquet":
             # the server reads text formats only: read the table here, send its texts
             table = read_table_path(p, text_column=text_column, label_column=label_column)
             return self.upload_dataset(name or p.stem, table.texts, labels=table.labels,
-                                       precision=precision)
+                                       precision=precision, model=model)
         data: dict[str, str] = {k: v for k, v in (
             ("name", name), ("text_column", text_column), ("label_column", label_column),
-            ("format", format), ("precision", precision)) if v is not None}
+            ("format", format), ("precision", precision), ("model", model)) if v is not None}
         if no_header:
             data["no_header"] = "true"
         content = p.read_bytes()  # bytes, not a handle: a retried upload sends them again

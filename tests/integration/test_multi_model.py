@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.integration.conftest import ServerProcess, sst_sentences
+from tests.integration.conftest import ServerProcess, sst_sentences, write_tsv
 from tests.tiny_models import save_tiny_bert
 
 pytestmark = pytest.mark.integration
@@ -50,12 +50,15 @@ def test_two_models_one_server_probe_the_same_dataset_and_keep_their_rows_apart(
     texts, labels = sst_sentences(70, 4700)
     probes, datasets = {}, {}
     for model in (None, tiny):
-        body: dict[str, Any] = {"name": f"sst2-{model or 'default'}", "texts": texts, "labels": labels}
-        if model is not None:
-            body["model"] = model
-        r = s.post("/v1/datasets", json=body)
-        assert r.status_code == 202, r.text
-        ds = r.json()
+        if model is None:
+            r = s.post("/v1/datasets", json={"name": "sst2-default", "texts": texts, "labels": labels})
+            assert r.status_code == 202, r.text
+            ds = r.json()
+        else:  # an upload (a TSV file) through the Python client, naming the model
+            path = write_tsv(tmp_path / "sst2.tsv", texts, labels)
+            ds = s.client().upload_dataset("sst2-tiny", path=path, text_column="sentence",
+                                           label_column="label", model=tiny)
+        assert ds["model"] == (tiny if model else "all-MiniLM-L6-v2 (embedded)")
         assert s.wait_job(ds["job_id"])["state"] == "succeeded"
         datasets[model] = ds
         r = s.post("/v1/probes", json={"dataset": ds["id"], "views": ["layer:-1"], "poolings": ["mean"],
