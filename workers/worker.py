@@ -60,7 +60,7 @@ from layerbank.cache.runner import Claimer, Lease, release_orphans, run_claimed
 from layerbank.cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
-from .encoder import Encoder
+from .encoder import Encoder, ModelLoadError
 from .model_pool import ModelPool, UnknownModel
 from .jobs_registry import (ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobContext, JobError,
                             register_kind)
@@ -134,7 +134,7 @@ class Worker:
         loads = self.models.loads
         try:
             base = self.models.get(model, keep=self._in_use)
-        except UnknownModel as e:
+        except (UnknownModel, ModelLoadError) as e:  # trying again would not help: fail at once
             raise JobError(str(e)) from None
         self._in_use.append(base.fingerprint)
         if self.models.loads != loads:

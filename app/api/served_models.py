@@ -99,8 +99,10 @@ async def ensure_model(state: AppState, requested: str | None) -> ModelRef:
         job = await run_in_threadpool(state.queue.get, job_id)
         if job is None or job.state in ("failed", "cancelled"):
             error = "the job disappeared" if job is None else (job.error or job.state)
-            raise job_failure(error, None if job is None else job.error_type,
-                              what=f"loading model {entry.get('name')!r} failed")
+            if job is not None and job.error_type == "storage":  # a full disk: 507, as for any job
+                raise job_failure(error, job.error_type, what=f"loading model {entry.get('name')!r} failed")
+            # the request is fine and the model's files are not: this server cannot serve it now
+            raise NotReady(f"model {entry.get('name')!r} is served but could not be loaded: {error}")
         if job.state == "succeeded":
             await run_in_threadpool(state.refresh_model)
             return find_model(state, requested)

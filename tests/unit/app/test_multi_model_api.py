@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ def other_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture
-def two_models(tmp_path: Path, tiny_model_dir: str, other_dir: str) -> Iterator[Any]:
-    """The app and a worker thread serving the tiny model (default) and ``other_dir``."""
+def serve_models(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[[list[str]], Any]]:
+    """``serve_models(others)``: the app and a worker thread serving the tiny model (the
+    default) and ``others``; (client, worker)."""
     from fastapi.testclient import TestClient
     from layerbank.app.api.main import create_app
     from layerbank.app.api.settings import Settings
@@ -32,24 +33,42 @@ def two_models(tmp_path: Path, tiny_model_dir: str, other_dir: str) -> Iterator[
     from layerbank.workers.encoder import Encoder
     from layerbank.workers.worker import Worker, WorkerOptions
 
-    settings = Settings(data_dir=tmp_path / "data", model=[tiny_model_dir, other_dir], device="cpu",
-                        batch_window_ms=2.0, heartbeat_seconds=0.5)
-    store = FeatureStore(settings.data_dir)
-    enc = Encoder.load(tiny_model_dir, device="cpu")
-    store.catalog.register_model(enc.fingerprint, enc.name, {**enc.info, "config": enc.config.canonical()})
-    worker = Worker(store, enc, WorkerOptions(heartbeat_seconds=0.5), models=served_models(settings, enc, store))
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    client = TestClient(create_app(settings), base_url="http://localhost", headers={"Origin": "http://localhost"})
-    with client:
+    stops: list[Callable[[], None]] = []
+
+    def make(others: list[str]) -> Any:
+        settings = Settings(data_dir=tmp_path / "data", model=[tiny_model_dir, *others], device="cpu",
+                            batch_window_ms=2.0, heartbeat_seconds=0.5)
+        store = FeatureStore(settings.data_dir)
+        enc = Encoder.load(tiny_model_dir, device="cpu")
+        store.catalog.register_model(enc.fingerprint, enc.name, {**enc.info, "config": enc.config.canonical()})
+        worker = Worker(store, enc, WorkerOptions(heartbeat_seconds=0.5),
+                        models=served_models(settings, enc, store))
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        client = TestClient(create_app(settings), base_url="http://localhost",
+                            headers={"Origin": "http://localhost"})
+        client.__enter__()
+
+        def stop() -> None:
+            client.__exit__(None, None, None)
+            worker.stop()
+            thread.join(10)
+            store.close()
+        stops.append(stop)
         deadline = time.monotonic() + 10
         while client.get("/ready").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        yield client, worker
-    worker.stop()
-    thread.join(10)
-    store.close()
+        return client, worker
+
+    yield make
+    for stop in stops:
+        stop()
+
+
+@pytest.fixture
+def two_models(serve_models: Callable[[list[str]], Any], other_dir: str) -> Any:
+    return serve_models([other_dir])
 
 
 def test_info_lists_every_served_model_and_loads_the_others_on_first_use(two_models: Any,
@@ -142,3 +161,18 @@ def test_model_given_twice_serves_both_the_first_by_default(tmp_path: Path,
     one = settings_from(build_parser().parse_args(["serve", "--model", other]))
     assert (one.model, one.models, one.served_models) == (other, "", [other])
     assert Settings(models=f"{other},embedded").model == other  # the first is the default
+
+
+def test_a_served_model_whose_files_are_broken_is_a_503_naming_it(serve_models: Callable[[list[str]], Any],
+                                                                  tmp_path: Path) -> None:
+    broken = tmp_path / "broken-bert"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    client, worker = serve_models([str(broken)])
+    r = client.post("/v1/features", json={"texts": ["a text"], "model": "broken-bert"})
+    assert r.status_code == 503, r.text
+    body = r.json()
+    assert body["type"] == "not_ready"
+    assert body["error"].startswith(f"model {str(broken)!r} is served but could not be loaded: cannot load model")
+    assert worker.models.loads == 0
+    assert client.post("/v1/features", json={"texts": ["a text"]}).status_code == 200  # the default still serves
