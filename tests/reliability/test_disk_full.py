@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 from layerbank.app.client import JobFailed
 from layerbank.cache.catalog import Catalog
-from layerbank.cache.compact import compact
+from layerbank.cache.compact import CompactSummary, compact
 from layerbank.cache.errors import failure_type
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardContents
@@ -317,7 +317,7 @@ def test_compaction_on_a_full_disk_changes_nothing_and_runs_once_there_is_room(s
 
         filler.unlink()  # room again: the same compaction succeeds
         s = compact(store, max_rows=256)
-        assert (s.shards_merged, s.shards_written, s.rows, s.quarantined) == (_N_SHARDS, 1, _N_SHARDS * _ROWS, 0)
+        assert s == CompactSummary(shards_merged=_N_SHARDS, shards_written=1, rows=_N_SHARDS * _ROWS, quarantined=0)
         assert [p.name for p in store.shard_dir.iterdir()] == list(store.catalog.shard_names())
         got = store.read_pooled(keys, "max")
         assert got.found.all() and np.array_equal(got.data, rows)
@@ -353,7 +353,7 @@ def test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_ther
 
             filler.unlink()
             s = compact(store, max_rows=256)
-            assert (s.shards_merged, s.shards_written, s.rows) == (_N_SHARDS, 1, _N_SHARDS * _ROWS)
+            assert s == CompactSummary(shards_merged=_N_SHARDS, shards_written=1, rows=_N_SHARDS * _ROWS)
             got = store.read_pooled(keys, "max")
             assert got.found.all() and np.array_equal(got.data, rows)
         finally:
