@@ -170,21 +170,31 @@ class Encoder:
         """
         max_len = int(self.config.max_length or 512)
         full = list(texts)
+        heads: list[str | None] = [None] * len(full)
         if self.config.truncation_side == "right":  # workers/long_texts.py: the same tokens, sooner
             heads = [head_for_tokens(t, max_len) for t in full]
             texts = [t if h is None else h for t, h in zip(full, heads)]
-            short = [i for i, h in enumerate(heads) if h is not None
-                     and len(self.tokenizer(h, add_special_tokens=self.config.add_special_tokens,
-                                            verbose=False)["input_ids"]) <= max_len]
-            for i in short:  # the prefix held too few tokens (very long words): the whole text after all
-                texts[i] = full[i]
-        enc = self.tokenizer(list(texts), add_special_tokens=self.config.add_special_tokens,
+        texts = list(texts)
+        enc = self.tokenizer(texts, add_special_tokens=self.config.add_special_tokens,
                              truncation=False, return_offsets_mapping=want_offsets,
                              return_attention_mask=False, verbose=False)
         ids: list[list[int]] = enc["input_ids"]
-        truncated = [len(x) > max_len for x in ids]
         offsets = enc["offset_mapping"] if want_offsets else None
         word_ids = [enc.word_ids(i) for i in range(len(ids))] if want_offsets else None
+        # a prefix that held too few tokens (very long words): the whole text after all; known
+        # from this pass rather than from one of its own (a third of tokenizing long texts)
+        short = [i for i, h in enumerate(heads) if h is not None and len(ids[i]) <= max_len]
+        if short:
+            again = self.tokenizer([full[i] for i in short], add_special_tokens=self.config.add_special_tokens,
+                                   truncation=False, return_offsets_mapping=want_offsets,
+                                   return_attention_mask=False, verbose=False)
+            for j, i in enumerate(short):
+                texts[i] = full[i]
+                ids[i] = again["input_ids"][j]
+                if offsets is not None and word_ids is not None:
+                    offsets[i] = again["offset_mapping"][j]
+                    word_ids[i] = again.word_ids(j)
+        truncated = [len(x) > max_len for x in ids]
         long_idx = [i for i, t in enumerate(truncated) if t]
         if long_idx:
             cut = self.tokenizer([texts[i] for i in long_idx], truncation=True, max_length=max_len,

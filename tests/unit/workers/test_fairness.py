@@ -28,6 +28,7 @@ def _words(n_chars: int, seed: int) -> str:
 
 LONG = [_words(99_000, 1), _words(99_000, 2)[:-1] + "y",
         "a" * 20_000 + " tail words " * 2000,   # a prefix of one giant word: too few tokens
+        "word " + "b" * 20_000 + " tail " * 2000,  # a prefix ("word") that holds too few tokens
         "word " * 30_000,                        # exactly at whitespace everywhere
         "x" * 99_000,                            # no whitespace at all
         _words(8_200, 3), _words(2_000, 4)]      # around and under the cut
