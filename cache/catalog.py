@@ -38,10 +38,12 @@ CATALOG_URL_ENV = "LAYERBANK_CATALOG_URL"
 
 
 def catalog_url(url: str | None = None) -> str | None:
-    """The PostgreSQL catalog's URL if one is configured (``url``, else the
+    """The PostgreSQL catalog's URL if one is configured (``url``; when None, the
     environment, which ``serve`` passes on to its worker and probe processes);
-    None: the data directory's own SQLite catalog."""
-    url = url or os.environ.get(CATALOG_URL_ENV) or None
+    None: the data directory's own SQLite catalog (``url=""`` asks for it whatever
+    the environment says)."""
+    url = os.environ.get(CATALOG_URL_ENV) if url is None else url
+    url = url or None
     if url is not None and not is_postgres_url(url):
         raise ValueError(f"catalog URL {url!r}: only postgresql://... is supported "
                          "(leave it unset for the data directory's SQLite catalog)")
@@ -88,11 +90,12 @@ def redacted(url: str) -> str:
 
 class Catalog:
     """Thread-safe access to the catalog: SQLite at ``path`` (one connection per
-    thread), or the PostgreSQL database at ``url`` (a connection pool)."""
+    thread), or the PostgreSQL database at ``url`` (a connection pool); ``url``
+    None: as configured (``catalog_url``), "": SQLite whatever is configured."""
 
     def __init__(self, path: str | Path, url: str | None = None) -> None:
         self.path = str(path)
-        self.url = url
+        self.url = url = catalog_url(url)
         self._local = threading.local()
         self._pg = PostgresCatalogDb(url) if url is not None else None
         self.dialect = "sqlite" if self._pg is None else "postgres"

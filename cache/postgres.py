@@ -11,11 +11,17 @@ statement:
 - column types in CREATE/ALTER: ``REAL`` is PostgreSQL's 4-byte float (a
   timestamp would lose its seconds), so it becomes ``DOUBLE PRECISION``;
   ``INTEGER`` becomes ``BIGINT`` (byte counts pass 2**31);
+- errors: psycopg's DB-API exceptions are raised as the ``sqlite3`` class of
+  the same name (``IntegrityError`` for a duplicate id, ...), so callers catch
+  one family whatever the backend; a server that cannot be reached is
+  ``CatalogUnavailable`` (an ``OperationalError``), which the API answers
+  with 503 and its reason;
 - schema scripts run in one transaction under an advisory lock, because
   PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a second
   process doing the same at the same moment (two replicas starting together).
 
-Connections: a ``psycopg_pool.ConnectionPool``. A statement outside a
+Connections: a ``psycopg_pool.ConnectionPool`` per process and URL, shared
+by every ``Catalog`` opened on that URL. A statement outside a
 transaction borrows a connection for that one statement (autocommit) and
 returns its rows already fetched, so the FastAPI thread pool's 40 threads
 never pin 40 connections; ``tx()`` holds one connection for the whole
@@ -31,20 +37,61 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sqlite3
 import threading
 import zlib
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
+from .errors import InputError
+
 if TYPE_CHECKING:  # psycopg is the `postgres` extra: SQLite users never import it
     from psycopg_pool import ConnectionPool
 
-__all__ = ["SCHEMA_LOCK_SQL", "PostgresCatalogDb", "is_postgres_url", "translate"]
+__all__ = ["SCHEMA_LOCK_SQL", "CatalogUnavailable", "PostgresCatalogDb", "close_pools", "is_postgres_url",
+           "translate"]
 
 # schema changes one process at a time: held until the transaction ends
 SCHEMA_LOCK_SQL = f"SELECT pg_advisory_xact_lock({zlib.crc32(b'layerbank schema')})"
 _TYPES = [(re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\bINTEGER\b"), "BIGINT")]
 _cache: dict[str, str] = {}
+
+
+class CatalogUnavailable(sqlite3.OperationalError):
+    """The PostgreSQL catalog cannot be reached (down, restarting, out of connections)."""
+
+
+_SAME_NAME = ("IntegrityError", "DataError", "ProgrammingError", "NotSupportedError", "InternalError",
+              "OperationalError")
+
+
+@contextlib.contextmanager
+def sqlite_errors() -> Iterator[None]:
+    """Raise psycopg's errors as sqlite3's classes of the same name (module docstring)."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    try:
+        yield
+    except (PoolTimeout, psycopg.OperationalError) as e:
+        if isinstance(e, PoolTimeout) or getattr(e, "sqlstate", None) is None \
+                or str(e.sqlstate).startswith(("08", "57P")):  # connection exceptions, shutdown
+            raise CatalogUnavailable(f"the PostgreSQL catalog is unavailable: {_first_line(e)}") from e
+        raise sqlite3.OperationalError(_first_line(e)) from e
+    except psycopg.DataError as e:
+        if "NUL" in str(e):  # SQLite stores it; PostgreSQL's text cannot: the caller's input, a 422
+            raise InputError("a text holds a NUL character (\\x00), which a PostgreSQL catalog cannot "
+                             "store; remove it") from e
+        raise sqlite3.DataError(_first_line(e)) from e
+    except psycopg.Error as e:
+        name = next((n for n in _SAME_NAME if isinstance(e, getattr(psycopg, n))), "DatabaseError")
+        raise getattr(sqlite3, name)(_first_line(e)) from e
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def is_postgres_url(url: str | None) -> bool:
@@ -102,16 +149,17 @@ class Session:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
         conn = self.db._held()
-        if conn is not None:
-            return _run(conn, sql, args)
-        with self.db.pool.connection() as conn:
-            return _run(conn, sql, args)
+        with sqlite_errors():
+            if conn is not None:
+                return _run(conn, sql, args)
+            with self.db.pool.connection() as conn:
+                return _run(conn, sql, args)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Rows:
         rows = [tuple(r) for r in rows]
         with self.db.tx():
             conn = self.db._held()
-            with conn.cursor() as cur:
+            with sqlite_errors(), conn.cursor() as cur:
                 if rows:
                     cur.executemany(translate(sql), rows)
                 return Rows([], cur.rowcount)
@@ -137,61 +185,85 @@ class _Tx:
 
     def __enter__(self) -> Session:
         local = self.db._local
-        if getattr(local, "conn", None) is None:
-            self._ctx = self.db.pool.connection()
-            local.conn, local.depth = self._ctx.__enter__(), 0
-            local.conn.execute("BEGIN")
-        else:
-            local.depth += 1
-            local.conn.execute(f"SAVEPOINT lb_{local.depth}")
+        with sqlite_errors():
+            if getattr(local, "conn", None) is None:
+                ctx = self.db.pool.connection()
+                conn = ctx.__enter__()
+                try:
+                    conn.execute("BEGIN")
+                except BaseException as e:
+                    ctx.__exit__(type(e), e, e.__traceback__)
+                    raise
+                self._ctx, local.conn, local.depth = ctx, conn, 0
+            else:
+                local.depth += 1
+                local.conn.execute(f"SAVEPOINT lb_{local.depth}")
         return self.db.session()
 
     def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
         local = self.db._local
-        if self._ctx is None:  # a savepoint
-            if exc_type:
-                local.conn.execute(f"ROLLBACK TO SAVEPOINT lb_{local.depth}")
-            local.conn.execute(f"RELEASE SAVEPOINT lb_{local.depth}")
-            local.depth -= 1
-            return
-        conn, local.conn = local.conn, None
-        try:
-            if not conn.closed:
-                conn.execute("ROLLBACK" if exc_type else "COMMIT")
-        finally:
-            self._ctx.__exit__(exc_type, exc, tb)  # back to the pool (a broken one is discarded)
+        with sqlite_errors():
+            if self._ctx is None:  # a savepoint
+                if exc_type and not local.conn.closed:
+                    local.conn.execute(f"ROLLBACK TO SAVEPOINT lb_{local.depth}")
+                if not local.conn.closed:
+                    local.conn.execute(f"RELEASE SAVEPOINT lb_{local.depth}")
+                local.depth -= 1
+                return
+            conn, local.conn = local.conn, None
+            try:
+                if not conn.closed:
+                    conn.execute("ROLLBACK" if exc_type else "COMMIT")
+            finally:
+                self._ctx.__exit__(exc_type, exc, tb)  # back to the pool (a broken one is discarded)
+
+
+# one pool per process and URL, shared by every Catalog opened on it (the API opens
+# several); keyed by pid too, so a forked child never talks on its parent's sockets
+_pools: dict[tuple[int, str], "ConnectionPool"] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool_for(url: str, max_size: int, timeout_s: float) -> "ConnectionPool":
+    from psycopg_pool import ConnectionPool
+
+    key = (os.getpid(), url)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None or pool.closed:
+            pool = ConnectionPool(url, min_size=1, max_size=max_size, timeout=timeout_s, num_workers=1,
+                                  kwargs={"autocommit": True}, open=False,
+                                  check=ConnectionPool.check_connection, name="layerbank-catalog")
+            _pools[key] = pool
+            with sqlite_errors():
+                pool.open(wait=True, timeout=timeout_s)
+        return pool
+
+
+def close_pools() -> None:
+    """Close this process's catalog pools (at exit, or between tests); a later use reopens."""
+    with _pools_lock:
+        mine = [k for k in _pools if k[0] == os.getpid()]
+        for key in mine:
+            _pools.pop(key).close()
 
 
 class PostgresCatalogDb:
-    """A pool of autocommit connections to one PostgreSQL database."""
+    """Statements and transactions on one PostgreSQL database, through this process's pool."""
 
     dialect = "postgres"
 
-    def __init__(self, url: str, *, max_size: int = 16, timeout_s: float = 30.0) -> None:
-
+    # timeout_s: how long a statement waits for a connection; with the server down a request
+    # answers 503 after this long rather than hanging
+    def __init__(self, url: str, *, max_size: int = 16, timeout_s: float = 5.0) -> None:
         self.url, self._max_size, self._timeout_s = url, max_size, timeout_s
         self._local = threading.local()
-        self._lock = threading.Lock()
-        self._pool: ConnectionPool | None = None
         self._session = Session(self)
         self.pool  # noqa: B018  (connect now: a wrong URL fails here, not at the first request)
 
     @property
     def pool(self) -> "ConnectionPool":
-        """The pool, opened again after ``close()`` (as a SQLite catalog reconnects)."""
-        pool = self._pool
-        if pool is None or pool.closed:
-            from psycopg_pool import ConnectionPool
-
-            with self._lock:
-                if self._pool is None or self._pool.closed:
-                    self._pool = ConnectionPool(
-                        self.url, min_size=1, max_size=self._max_size, timeout=self._timeout_s,
-                        kwargs={"autocommit": True}, open=False, check=ConnectionPool.check_connection,
-                        name="layerbank-catalog")
-                    self._pool.open(wait=True, timeout=self._timeout_s)
-                pool = self._pool
-        return pool
+        return _pool_for(self.url, self._max_size, self._timeout_s)
 
     def _held(self) -> Any:
         return getattr(self._local, "conn", None)
@@ -203,6 +275,4 @@ class PostgresCatalogDb:
         return _Tx(self)
 
     def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.close()
+        """Nothing to release: the pool is the process's (``close_pools``)."""

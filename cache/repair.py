@@ -165,7 +165,7 @@ def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
             if src.exists():
                 shutil.move(str(src), str(aside) + suffix)
         report.damaged_file = str(aside)
-    cat = Catalog(path)
+    cat = Catalog(path, url="")  # this file, whatever catalog the environment names
     try:
         JobQueue(cat)  # their tables, as a new store has them
         DatasetStore(cat)

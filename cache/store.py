@@ -32,7 +32,6 @@ from typing import Sequence
 import numpy as np
 
 from .catalog import Catalog, Entry
-from .catalog import catalog_url as configured_url
 from .keys import ExtractionConfig, text_key
 from .poolings import POOLING_NAMES
 from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
@@ -73,7 +72,7 @@ class FeatureStore:
         self.quarantine_dir = self.root / "quarantine"
         for d in (self.root, self.shard_dir, self.quarantine_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.catalog = Catalog(self.root / "catalog.sqlite", configured_url(catalog_url))
+        self.catalog = Catalog(self.root / "catalog.sqlite", catalog_url)
         self._record_poolings()
         self._readers: OrderedDict[str, ShardReader] = OrderedDict()
         self._lock = threading.Lock()

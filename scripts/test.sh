@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Install (with the test and ray extras) and run the whole test suite.
+# Install (with the test, ray and postgres extras) and run the whole test suite, once
+# on each catalog backend: SQLite, and a real PostgreSQL server the tests start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh "test,ray"
+bash scripts/install.sh "test,ray,postgres"
 # the lab's browser tests drive Debian's Chromium (Playwright cannot download browsers here)
 if [ ! -x /usr/bin/chromium ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# the PostgreSQL catalog's tests start Debian's server themselves (tests/postgres_server.py)
+if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+export LAYERBANK_TEST_CATALOGS="${LAYERBANK_TEST_CATALOGS:-sqlite,postgres}"
 exec .venv/bin/python -m pytest tests "$@"

@@ -63,13 +63,17 @@ _NO_CATALOG = {"tiny_model_dir", "catalog_backend", "postgres_server", "_module_
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: about the SQLite catalog file itself; "
                             "deselected on the PostgreSQL backend")
+    config.addinivalue_line("markers", "postgres_only: about the PostgreSQL catalog; deselected "
+                            "on the SQLite backend")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep, drop = [], []
     for item in items:
         backend = getattr(item, "callspec", None) and item.callspec.params.get("catalog_backend")
-        (drop if backend == "postgres" and item.get_closest_marker("sqlite_only") else keep).append(item)
+        other = (backend == "postgres" and item.get_closest_marker("sqlite_only")) or \
+            (backend == "sqlite" and item.get_closest_marker("postgres_only"))
+        (drop if other else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -100,6 +104,9 @@ def _use_schema(request: pytest.FixtureRequest, backend: str) -> Iterator[None]:
     old = os.environ.get("LAYERBANK_CATALOG_URL")
     os.environ["LAYERBANK_CATALOG_URL"] = request.getfixturevalue("postgres_server").new_schema_url()
     yield
+    from layerbank.cache.postgres import close_pools
+
+    close_pools()  # the test's connections, whatever it left open
     if old is None:
         os.environ.pop("LAYERBANK_CATALOG_URL", None)
     else:

@@ -7,9 +7,10 @@ SCHEMA`` is instant where ``CREATE DATABASE`` copies a template), named in the
 URL's ``options`` so every process the test starts (servers, workers, probe
 pools) lands in it through ``LAYERBANK_CATALOG_URL``.
 
-The server runs with ``fsync=off``: durability across a power cut is
-PostgreSQL's business, not what these tests check, and a loaded 2-core
-machine would otherwise spend its time in fsync.
+The server runs with ``fsync=off``: durability across a power cut (an OS
+crash) is PostgreSQL's business, not what these tests check, and a loaded
+2-core machine would otherwise spend its time in fsync. Commits stay
+synchronous, so a killed server (``stop_keeping_data``) loses no commit.
 
 Example::
 
@@ -26,7 +27,6 @@ import pwd
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from urllib.parse import quote
@@ -76,12 +76,21 @@ class PostgresServer:
         data = root / "data"
         server._run(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                     "--encoding=UTF8", "--no-sync")
-        opts = (f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=400")
-        server._run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"),
-                    "-w", "-t", "120", "start", timeout=150)
+        server.restart()
         server.psql(f"CREATE DATABASE {DATABASE}", database="postgres")
         return server
+
+    def restart(self) -> None:
+        """Start the server (again, after ``stop_keeping_data``) and wait until it accepts connections."""
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c full_page_writes=off -c max_connections=400")
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.root / "data"), "-o", opts, "-l",
+                  str(self.root / "log"), "-w", "-t", "120", "start", timeout=150)
+
+    def stop_keeping_data(self) -> None:
+        """Stop the server now (as a crash would), keeping its data for ``restart``."""
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.root / "data"), "-m", "immediate",
+                  "-w", "stop", timeout=60)
 
     def psql(self, sql: str, database: str = DATABASE) -> str:
         return self._run(str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
@@ -101,11 +110,3 @@ class PostgresServer:
             pass
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def wait_until_down(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-            except OSError:
-                return
-            time.sleep(0.05)

@@ -10,7 +10,8 @@ and learned from any request that trips over damage.
   translated here, once: a damaged catalog (``database disk image is
   malformed``, ``file is not a database``) is 503 naming ``layerbank repair``
   (and marks the state, so ``/ready`` says so at once) instead of a 500 on
-  every request; SQLite's own ``database or disk is full``, and any OSError
+  every request; a PostgreSQL catalog that cannot be reached is 503 with
+  psycopg's reason (cache/postgres.py ``CatalogUnavailable``); SQLite's own ``database or disk is full``, and any OSError
   with ENOSPC/EDQUOT/EFBIG, is 507, as a full disk is everywhere else
   (cache/space.py ``is_disk_full``).
 """
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.errors import body_for
+from layerbank.cache.postgres import CatalogUnavailable
 from layerbank.cache.repair import check_catalog
 from layerbank.cache.space import is_disk_full
 
@@ -51,6 +53,8 @@ def _mark(state: Any, problem: str) -> None:
 
 async def watch_catalog(state: Any, every_s: float) -> None:
     """Check the catalog now and every ``every_s`` seconds (cancel the task to stop)."""
+    if state.store.catalog.dialect != "sqlite":
+        return  # PostgreSQL checks its own pages; /ready asks it for a row on every call
     path = state.store.catalog.path
     while True:
         try:
@@ -85,6 +89,10 @@ async def _os_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _sqlite_error(request: Request, exc: Exception) -> JSONResponse:
     path = request.url.path
+    if isinstance(exc, CatalogUnavailable):  # PostgreSQL down or restarting: nothing was changed
+        log.error("%s %s: %s", request.method, path, exc)
+        return JSONResponse(body_for(path, 503, f"{exc}; nothing was changed; retry shortly", "not_ready"),
+                            status_code=503, headers={"Retry-After": "2"})
     if is_disk_full(exc):  # SQLite's own "database or disk is full": the catalog or its WAL
         return _disk_full(request, exc)
     if is_damage(exc):

@@ -131,6 +131,15 @@ def _check_catalog(data_dir: Path) -> None:
         print(f"layerbank: repair: {line}", file=sys.stderr, flush=True)
 
 
+def _forget_info(info_path: Path) -> None:
+    """Remove server.json if it still names this process (a replica started later owns it)."""
+    try:
+        if json.loads(info_path.read_text()).get("pid") == os.getpid():
+            info_path.unlink(missing_ok=True)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 class _NoLock:
     def acquire(self) -> None:
         pass
@@ -201,8 +210,8 @@ def run(args: argparse.Namespace) -> int:
                 state.worker_restarts = n
 
         supervisor = WorkerSupervisor(settings, on_fatal=on_fatal, on_restart=on_restart).start()
-        # replicas on one directory each say where they listen, in a file of their own
-        info_path = data_dir / (f"server-{os.getpid()}.json" if replica else "server.json")
+        # replicas on one directory: the one started last is named (docs/operations.md)
+        info_path = data_dir / "server.json"
         info_path.write_text(json.dumps({"url": url, "host": host, "port": port, "pid": os.getpid(),
                                          "hostname": socket.gethostname()}))
         print(f"layerbank: serving {url} (data {data_dir}); the worker is loading the model, "
@@ -211,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
             server.run(sockets=[sock])
         finally:
             supervisor.stop()
-            info_path.unlink(missing_ok=True)
+            _forget_info(info_path)
     finally:
         lock.release()
     if fatal:

@@ -77,6 +77,8 @@ class ServerProcess:
     # -- life cycle -----------------------------------------------------------
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
+        if os.environ.get("LAYERBANK_CATALOG_URL"):  # the PostgreSQL pass (tests/conftest.py)
+            env["LAYERBANK_CATALOG_URL"] = os.environ["LAYERBANK_CATALOG_URL"]
         env["LAYERBANK_THREADS"] = "1"  # the test machine's cores are shared
         # engine auto exports the model to ONNX and times both engines at a fresh data dir's
         # first start (seconds each); tests/integration/test_engines.py covers it, others use torch
@@ -165,12 +167,37 @@ class ServerProcess:
         return self.start()
 
     # -- helpers ----------------------------------------------------------------
+    def own_worker_pid(self, timeout: float = 180.0) -> int:
+        """Wait until this server's own worker (its child) is live in /ready: beside a
+        replica, /ready is 200 as soon as the other's worker is."""
+        import psutil
+
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            for w in self.get("/ready").json().get("workers") or []:
+                try:
+                    if psutil.Process(int(w["pid"])).ppid() == self.proc.pid:  # type: ignore[union-attr]
+                        return int(w["pid"])
+                except (psutil.Error, ValueError):
+                    continue
+            self._wait_or_fail(deadline, "list its own worker in /ready")
+
     def worker_pid(self, default: Any = ...) -> Any:
         try:
             workers = self.get("/ready").json().get("workers") or []
         except httpx.TransportError:
             workers = []
         if workers:
+            # replicas on one catalog list each other's workers too: this server's is its child
+            import psutil
+
+            for w in workers:
+                try:
+                    if self.proc is not None and psutil.Process(int(w["pid"])).ppid() == self.proc.pid:
+                        return int(w["pid"])
+                except (psutil.Error, ValueError):
+                    continue
             return int(workers[0]["pid"])
         if default is ...:
             raise AssertionError("no live worker")

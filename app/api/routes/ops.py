@@ -40,19 +40,21 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def _checks(state: AppState) -> dict[str, bool]:
+def _checks(state: AppState) -> tuple[dict[str, bool], str | None]:
+    """The checks, and why the catalog cannot be read when it cannot."""
+    unreadable = None
     try:
+        state.refresh_model()
         state.store.catalog.conn().execute("SELECT 1").fetchone()
         catalog = getattr(state, "catalog_problem", None) is None  # app/api/catalog_health.py
-    except Exception:
-        catalog = False
-    return {"catalog": catalog, "worker": bool(state.workers), "model": state.model is not None}
+    except Exception as e:  # noqa: BLE001  (the answer is 503 with the reason, whatever it is)
+        catalog, unreadable = False, str(e)
+    return {"catalog": catalog, "worker": bool(state.workers), "model": state.model is not None}, unreadable
 
 
 @router.get("/ready", response_model=ReadyOut, responses=error_responses(401, 503))
 async def ready(state: AppState = Depends(get_state)) -> Response:
-    state.refresh_model()
-    checks = _checks(state)
+    checks, unreadable = _checks(state)
     workers = [{k: w.get(k) for k in ("id", "pid", "state", "job", "model", "last_seen")}
                for w in state.workers]
     if all(checks.values()):
@@ -60,7 +62,7 @@ async def ready(state: AppState = Depends(get_state)) -> Response:
     missing = [k for k, ok in checks.items() if not ok]
     problem = getattr(state, "catalog_problem", None)
     why = {"catalog": f"the catalog is damaged ({problem}); {REPAIR_HINT}" if problem
-           else "the catalog cannot be read", "worker": "no live worker",
+           else f"the catalog cannot be read ({unreadable})", "worker": "no live worker",
            "model": "no model registered by a worker yet"}
     return json_response({"error": "not ready: " + "; ".join(why[k] for k in missing),
                           "type": "not_ready", "ready": False, "checks": checks,

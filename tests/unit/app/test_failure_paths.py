@@ -3,6 +3,7 @@ line it guards was broken on purpose (docs/reliability.md lists which)."""
 
 from __future__ import annotations
 
+import pytest
 import os
 import sqlite3
 from pathlib import Path
@@ -53,6 +54,7 @@ def test_a_shard_is_fsynced_before_its_rename_and_its_directory_after(tmp_path: 
     assert renamed == [str(tmp_path / "s.h5")]
 
 
+@pytest.mark.sqlite_only  # the SQLite file's pragmas
 def test_the_catalog_runs_wal_with_synchronous_normal(tmp_path: Path) -> None:
     cat = Catalog(tmp_path / "catalog.sqlite")
     db = cat.conn()

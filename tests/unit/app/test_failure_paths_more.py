@@ -7,13 +7,13 @@ as in tests/unit/app/test_probe_routes.py; the rest is the real path.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from layerbank.cache.catalog import Catalog
 from layerbank.cache.jobs import JobQueue
 
 POS = ["a good film", "a great play", "good and warm", "a lovely story", "great fun", "a fine good show"]
@@ -161,10 +161,10 @@ def test_a_head_fitted_on_another_model_answers_409(api) -> None:  # type: ignor
     assert _wait_state(c, head["job_id"], ("succeeded", "failed"))["state"] == "succeeded"
     assert c.post(f"/v1/heads/{head['id']}/predict", json={"texts": ["a good film"]}).status_code == 200
     # the catalog says what model A a head was fitted on; make that another model than this server's
-    db = sqlite3.connect(api.data_dir / "catalog.sqlite")
-    with db:
+    cat = Catalog(api.data_dir / "catalog.sqlite")  # SQLite, or the PostgreSQL catalog the test runs on
+    with cat.tx() as db:
         db.execute("UPDATE heads SET fingerprint=?, model=? WHERE id=?", ("f" * 16, "other/model-a", head["id"]))
-    db.close()
+    cat.close()
     c.app.state.probe_service.forget_head(None)
     m = c.app.state.layerbank.model
     r = c.post(f"/v1/heads/{head['id']}/predict", json={"texts": ["a good film"]})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layerbank.cache.catalog import Catalog, Entry
+from layerbank.cache.catalog import Catalog, Entry, catalog_url
 
 
 def k(i: int) -> str:
@@ -28,9 +28,16 @@ def commit(cat: Catalog, name: str, keys: list[str], *, tokens: bool = False) ->
 
 
 def entries(path: Path) -> list[tuple]:
-    """Rows of the entries table, read with plain sqlite3 as a user would."""
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT key, shard, row FROM entries ORDER BY key").fetchall()
+    """Rows of the entries table, read with a connection of their own (plain sqlite3 as a
+    user would, or psycopg on the PostgreSQL catalog the test runs on)."""
+    url = catalog_url()
+    if url is None:
+        with sqlite3.connect(path) as db:
+            return db.execute("SELECT key, shard, row FROM entries ORDER BY key").fetchall()
+    import psycopg
+
+    with psycopg.connect(url) as db:
+        return [tuple(r) for r in db.execute("SELECT key, shard, row FROM entries ORDER BY key")]
 
 
 def test_commit_then_lookup(cat: Catalog) -> None:
@@ -70,6 +77,7 @@ def test_drop_shard_returns_its_keys_and_forgets_them(cat: Catalog) -> None:
     assert cat.drop_shard("a.h5") == []
 
 
+@pytest.mark.sqlite_only  # the SQLite file's journal mode
 def test_wal_mode_is_on(cat: Catalog, tmp_path: Path) -> None:
     commit(cat, "a.h5", [k(1)])
     assert cat.conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"

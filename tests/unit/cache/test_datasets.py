@@ -60,8 +60,7 @@ def test_a_bad_item_leaves_no_half_dataset(ds: DatasetStore, tmp_path: Path) -> 
         ds.create("broken", ["fine", None, "fine too"], model="m", config="{}",  # type: ignore[list-item]
                   dataset_id="ds_broken")
     assert ds.get("ds_broken") is None
-    with sqlite3.connect(tmp_path / "catalog.sqlite") as db:
-        assert db.execute("SELECT COUNT(*) FROM dataset_items").fetchone()[0] == 0
+    assert ds.catalog.conn().execute("SELECT COUNT(*) FROM dataset_items").fetchone()[0] == 0
 
 
 def test_a_duplicate_id_is_refused_and_the_first_kept(ds: DatasetStore) -> None:

@@ -124,6 +124,7 @@ INSERT INTO jobs (id, kind, state, payload, error, created) VALUES
 """
 
 
+@pytest.mark.sqlite_only  # an old catalog.sqlite file
 def test_a_catalog_from_before_the_failure_type_is_migrated_once(tmp_path: Path) -> None:
     path = tmp_path / "catalog.sqlite"
     db = sqlite3.connect(path)
@@ -142,6 +143,7 @@ def test_a_catalog_from_before_the_failure_type_is_migrated_once(tmp_path: Path)
     cat.close()
 
 
+@pytest.mark.sqlite_only  # an old catalog.sqlite file
 def test_a_process_that_read_the_old_version_does_not_upgrade_twice(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # two processes open an old catalog at once: both read version 0 before either
