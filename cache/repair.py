@@ -13,6 +13,12 @@ the new file and says what it could not.
 
 Call ``repair_catalog`` only with the data directory locked (no server or
 worker running on it): it replaces the catalog file.
+
+A PostgreSQL catalog (replicas) is never rebuilt from a file: PostgreSQL
+keeps its own pages sound. What can still go out of step is the key index
+against the shard directory (a database restored from an older backup, a
+shard directory restored without its catalog): ``reindex_catalog`` makes
+the index match the files, with every replica stopped.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from .catalog import Catalog
 from .datasets import DatasetStore
 from .jobs import JobQueue
 
-__all__ = ["CatalogDamaged", "RepairReport", "check_catalog", "repair_catalog"]
+__all__ = ["CatalogDamaged", "RepairReport", "check_catalog", "reindex_catalog", "repair_catalog"]
 
 log = logging.getLogger("layerbank.repair")
 _INDEX_TABLES = {"shards", "entries"}  # rebuilt from the shard files, never copied
@@ -198,6 +204,44 @@ def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
                 shutil.move(str(shard), str(quarantine / shard.name))
                 report.quarantined.append(shard.name)
         report.keys = cat.stats()["keys"]  # distinct keys (a key in two shards counts once)
+    finally:
+        cat.close()
+    for line in report.lines():
+        log.warning("repair: %s", line)
+    return report
+
+
+def reindex_catalog(data_dir: str | os.PathLike[str], url: str) -> RepairReport:
+    """Make a PostgreSQL catalog's key index match the shard files (the truth).
+
+    A shard the catalog lists whose file is gone is forgotten (its keys become
+    misses, encoded again when asked for); a file the catalog does not list is
+    registered from what it carries, or quarantined if it cannot be read. The
+    other tables are left as they are. Run it with no replica running: a
+    shard renamed into place but not yet committed would be registered.
+    """
+    root = Path(data_dir)
+    report = RepairReport()
+    cat = Catalog(root / "catalog.sqlite", url)
+    try:
+        files = {p.name for p in (root / "shards").glob("*.h5")}
+        for name in sorted(cat.shard_names() - files):
+            keys = cat.drop_shard(name)
+            report.lost[f"shard {name}"] = f"its file is missing; its {len(keys):,} keys will be encoded again"
+        listed = cat.shard_names()
+        quarantine = root / "quarantine"
+        quarantine.mkdir(exist_ok=True)
+        for shard in _shard_files(root / "shards"):
+            if shard.name in listed:
+                continue
+            try:
+                _index_shard(cat, shard)
+                report.shards += 1
+            except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+                log.error("shard %s cannot be read (%s): moved to quarantine/", shard.name, e)
+                shutil.move(str(shard), str(quarantine / shard.name))
+                report.quarantined.append(shard.name)
+        report.keys = cat.stats()["keys"]
     finally:
         cat.close()
     for line in report.lines():

@@ -2,6 +2,7 @@
 
     layerbank repair --data-dir layerbank-data            check, and rebuild if damaged
     layerbank repair --data-dir layerbank-data --force    rebuild even if it looks sound
+    layerbank repair --data-dir /shared --catalog-url postgresql://...   re-index a PostgreSQL catalog
 
 The key index is rebuilt from what every shard carries (keys, model
 fingerprint, extraction config); datasets, jobs, heads and models are copied
@@ -9,6 +10,10 @@ where their rows can still be read, and the command says what was lost. The
 damaged file is kept beside the new one. It takes the data directory's lock,
 so it refuses to run beside a server. Exit status: 0 sound or repaired, 2 if
 it could not run.
+
+With a PostgreSQL catalog (``--catalog-url`` or ``LAYERBANK_CATALOG_URL``)
+there is no file to rebuild: the key index is made to match the shard files
+(``cache/repair.py`` ``reindex_catalog``). Stop every replica first.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("repair", help="rebuild a damaged catalog from the shards")
     p.add_argument("--data-dir", help="data directory [env LAYERBANK_DATA_DIR]")
     p.add_argument("--force", action="store_true", help="rebuild even if the catalog passes its check")
+    p.add_argument("--catalog-url", help="a PostgreSQL catalog: re-index it from the shard files "
+                   "(stop every replica first) [env LAYERBANK_CATALOG_URL]")
     p.set_defaults(run=run)
 
 
@@ -35,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from layerbank.cache.lock import DataDirBusy, DataDirLock
     from layerbank.cache.repair import check_catalog, repair_catalog
 
-    data_dir = Path(args.data_dir) if args.data_dir else Settings().data_dir
+    settings = Settings()
+    data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
+    url = getattr(args, "catalog_url", None) or settings.catalog_url
+    if url:
+        return _reindex(data_dir, url)
     if not (data_dir / "shards").is_dir() and not (data_dir / "catalog.sqlite").exists():
         fail(f"{data_dir} is not a layerbank data directory (no catalog.sqlite, no shards/)")
     lock = DataDirLock(data_dir)
@@ -54,6 +65,21 @@ def run(args: argparse.Namespace) -> int:
         report = repair_catalog(data_dir)
     finally:
         lock.release()
+    for line in report.lines():
+        print(f"layerbank: {line}", file=sys.stderr)
+    return 0
+
+
+def _reindex(data_dir: Path, url: str) -> int:
+    from layerbank.cache.catalog import redacted
+    from layerbank.cache.repair import reindex_catalog
+
+    if not (data_dir / "shards").is_dir():
+        fail(f"{data_dir} holds no shards/ directory")
+    try:
+        report = reindex_catalog(data_dir, url)
+    except Exception as e:  # noqa: BLE001  (psycopg's errors: refused, auth, no such database)
+        fail(f"cannot use the catalog at {redacted(url)}: {str(e).strip().splitlines()[0]}")
     for line in report.lines():
         print(f"layerbank: {line}", file=sys.stderr)
     return 0

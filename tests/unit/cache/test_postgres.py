@@ -129,3 +129,31 @@ def test_a_nul_character_is_the_callers_error_and_stores_nothing(pg_url: str, tm
     with pytest.raises(InputError, match="NUL character"):
         ds.create("nul", ["fine", "not\x00fine"], model="m", config="{}", dataset_id="ds_nul")
     assert ds.get("ds_nul") is None and ds.items("ds_nul").texts == []
+
+
+def test_reindex_makes_the_key_index_match_the_shard_files(pg_url: str, tmp_path: Path) -> None:
+    # a catalog restored from a backup older than the shards, and a shard file lost since
+    import numpy as np
+
+    from layerbank.cache.repair import reindex_catalog
+    from layerbank.cache.store import FeatureStore
+
+    from .test_store import CFG, contents, key
+
+    store = FeatureStore(tmp_path / "data", catalog_url=pg_url)
+    keys = {n: [key(store, f"{n} {i}") for i in range(5)] for n in ("a", "b", "c")}
+    for i, n in enumerate(keys):
+        store.write(f"job-0000{i}", contents(keys[n], i), model="local:m", config=CFG)
+    every = [k for ks in keys.values() for k in ks]
+    want = store.read_pooled(every, "mean").data
+    with store.catalog.tx() as db:  # the backup knew only shard a
+        db.execute("DELETE FROM entries WHERE shard <> 'job-00000.h5'")
+        db.execute("DELETE FROM shards WHERE name <> 'job-00000.h5'")
+    (store.shard_dir / "job-00000.h5").unlink()  # and a's file is lost
+    report = reindex_catalog(tmp_path / "data", pg_url)
+    assert (report.shards, report.keys) == (2, 10)
+    assert report.lost == {"shard job-00000.h5": "its file is missing; its 5 keys will be encoded again"}
+    got = store.read_pooled(every, "mean")
+    assert got.found.tolist() == [False] * 5 + [True] * 10
+    np.testing.assert_array_equal(got.data[5:], want[5:])  # the original numbers
+    store.close()
