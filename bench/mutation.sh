@@ -43,7 +43,7 @@ if [ -n "${MUTATION_KEEP:-}" ]; then
   WORK=$MUTATION_KEEP; rm -rf "$WORK"; mkdir -p "$WORK"
 else
   WORK=$(mktemp -d /tmp/lb-mutation.XXXXXX)
-  trap 'rm -rf "$WORK"' EXIT
+  trap 'rm -rf "$WORK"' EXIT  # replaced below, once mutmut may be running
 fi
 git -C "$ROOT" archive HEAD | tar -x -C "$WORK"
 # layerbank/{app,cache,workers} -> the copy's folders, as pyproject's package-dir maps them
@@ -58,23 +58,61 @@ export PYTHONPATH="$WORK/.shim:$WORK" LAYERBANK_THREADS=1
 cd "$WORK"
 "$PY" -c "import layerbank.cache.store as s, sys; assert s.__file__.startswith('$WORK'), s.__file__"
 
+# mutmut 2 runs the mutants in one spawned worker process; when that process dies (killed
+# by anything: the machine is shared) mutmut waits for it forever, with the file it was
+# testing left mutated (mutmut's backup beside it). So: watch the worker, put the file back,
+# and resume (mutmut skips what its cache has). An interrupted script puts it back too.
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+restore() { [ -f "$1.bak" ] && mv -f "$1.bak" "$1"; return 0; }
+CURRENT=""
+trap '[ -n "$CURRENT" ] && restore "$CURRENT"; [ -n "${MUTATION_KEEP:-}" ] || rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+mutmut_resumable() {  # target runner deadline (epoch seconds, 0 = none)
+  local target=$1 runner=$2 deadline=$3 m idle attempt
+  CURRENT=$target
+  for attempt in 1 2 3 4 5 6 7 8; do
+    restore "$target"
+    "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests --no-progress \
+      >/dev/null 2>&1 &
+    m=$!; idle=0
+    while kill -0 "$m" 2>/dev/null; do
+      sleep 5
+      if [ "$deadline" -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
+        kill_tree "$m"; wait "$m" 2>/dev/null || true; restore "$target"
+        echo "time is up: $target stopped part-way"; return 0
+      fi
+      if pgrep -P "$m" -f "spawn_main|runtests" >/dev/null; then idle=0; else idle=$((idle + 5)); fi
+      if [ "$idle" -ge 30 ]; then
+        echo "mutmut's worker process is gone (attempt $attempt): resuming"
+        kill_tree "$m"; break
+      fi
+    done
+    wait "$m" 2>/dev/null || true
+    [ "$idle" -lt 30 ] && break
+  done
+  restore "$target"; CURRENT=""
+}
+
 start=$(date +%s)
 for target in "${TARGETS[@]}"; do
   tests=${TESTS[$target]:?no tests listed for $target}
   echo "== $target (tests: $tests)"
   rm -f .mutmut-cache
   # schemathesis and hypothesis load at every pytest start (8-15 s on the shared machine);
-  # these tests need neither, and each mutant starts pytest afresh
-  runner="$PY -m pytest -x -q -p no:cacheprovider -p no:randomly -p no:schemathesis -p no:hypothesispytest -p no:anyio $tests"
+  # these tests need neither, and each mutant starts pytest afresh.
+  # mutmut 2 counts any exit code but 1 as "tests pass": a mutant that breaks the import
+  # (pytest exits 2, collection error) would be a false survivor, so every failure is 1
+  cat > .shim/runtests <<SH
+#!/bin/sh
+"$PY" -m pytest -x -q -p no:cacheprovider -p no:randomly -p no:schemathesis -p no:hypothesispytest -p no:anyio $tests || exit 1
+SH
+  chmod +x .shim/runtests
+  deadline=0
   if [ "$MAX_S" -gt 0 ]; then
-    left=$(( MAX_S - ($(date +%s) - start) ))
-    [ "$left" -le 0 ] && { echo "time is up: $target not run"; continue; }
-    timeout "$left" "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests \
-      --no-progress >/dev/null 2>&1 || true
-  else
-    "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests --no-progress \
-      >/dev/null 2>&1 || true
+    deadline=$(( start + MAX_S ))
+    [ "$(date +%s)" -ge "$deadline" ] && { echo "time is up: $target not run"; continue; }
   fi
+  mutmut_resumable "$target" "$WORK/.shim/runtests" "$deadline"
   "$MUTMUT" results 2>/dev/null | sed -n '1,200p' || true
   [ -n "${MUTATION_KEEP:-}" ] && cp .mutmut-cache ".mutmut-cache.${target//\//_}"
   for id in $("$MUTMUT" result-ids survived 2>/dev/null || true); do
