@@ -108,3 +108,25 @@ def test_at_most_32_shard_files_are_held_open(store: FeatureStore) -> None:
         assert store.read_pooled([k], "mean").found.all()
     assert len(store._readers) == 32
     assert list(store._readers) == [f"job{s:02d}-00000.h5" for s in range(2, 34)]  # the oldest closed
+
+
+@pytest.mark.sqlite_only  # clean at start is the lone SQLite server's (replicas: test_leftovers.py)
+def test_clean_counts_every_leftover_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    store = FeatureStore(data)
+    try:
+        store.write("job-00000", contents(keys_of(store, "a"), 0), model="local:m", config=CFG)
+        for name in ("job-00001.h5.tmp", "job-00002.h5.tmp"):
+            (data / "shards" / name).write_bytes(b"half a shard")
+        for name in ("job-00003.h5", "job-00004.h5"):  # renamed, never committed
+            (data / "shards" / name).write_bytes((data / "shards" / "job-00000.h5").read_bytes())
+        with caplog.at_level(logging.WARNING, logger="layerbank"):
+            assert store.clean() == {"temp_files": 2, "uncommitted_shards": 2}
+        assert [p.name for p in (data / "shards").iterdir()] == ["job-00000.h5"]
+        assert [(r.name, r.getMessage()) for r in caplog.records] == [
+            ("layerbank.store", "removed 2 temp files and 2 uncommitted shards left by a crash")]
+        caplog.clear()
+        assert store.clean() == {"temp_files": 0, "uncommitted_shards": 0}
+        assert caplog.records == []  # nothing to say when nothing was left
+    finally:
+        store.close()
