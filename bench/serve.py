@@ -13,10 +13,26 @@ Figures printed:
 4. 1,000 cached texts with ``all_layers``: base64 vs JSON response size and
    time (target: base64 >= 3x faster).
 
+With ``--replicas 1,2`` it measures instead how cached reads scale over API
+replicas (issue 19): one real PostgreSQL server (Debian's binaries, as the
+tests start it), then for each N a fresh data directory and schema shared by N
+``layerbank serve --catalog-url`` processes on their own ports, a set of texts
+stored through one of them, and cached one-text ``POST /v1/features`` from
+keep-alive connections spread over all N. The load comes from separate
+processes (so the generator's GIL is not the limit) speaking raw HTTP/1.1 on
+sockets (a few microseconds of Python per request, where http.client costs
+more than the server's cached path). It prints req/s for each N (best of
+``--rounds`` windows), N / 1 ratios (target on 2 cores: >= 1.6x with two; on
+16 cores >= 0.7 efficiency at 8), and where the CPU went: the machine's
+cores and load average, the CPU seconds of the servers (with their workers),
+of PostgreSQL and of the load generator. On a small machine the generator
+shares the cores it measures: the figures say how much it took.
+
 Run from the repository root::
 
     .venv/bin/python bench/serve.py                 # ~2-4 minutes on 2 CPU cores
     .venv/bin/python bench/serve.py --threads 1 --quick
+    .venv/bin/python bench/serve.py --replicas 1,2        # ~2 minutes; needs Debian's postgresql
 
 Texts are SST-2 dev phrases from ../shared/data (seeded), made unique per
 phase so that "miss" really means never stored.
@@ -44,30 +60,51 @@ DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
 
 
 class Server:
-    def __init__(self, data_dir: Path, threads: int | None) -> None:
+    """``layerbank serve`` on ``data_dir``. With ``catalog_url`` (a replica) it listens on
+    ``port`` (server.json names only the replica started last) and ``wait`` is left to
+    the caller, which starts the replicas side by side."""
+
+    def __init__(self, data_dir: Path, threads: int | None, catalog_url: str | None = None,
+                 port: int = 0, log_name: str | None = None, wait: bool = True,
+                 extra: list[str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
         if threads:
             env["LAYERBANK_THREADS"] = str(threads)
         env["LAYERBANK_LOG_LEVEL"] = "WARNING"
+        cmd = [sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(data_dir),
+               "--port", str(port)]
+        if catalog_url:
+            # CPU workers, torch engine: idle once the texts are stored, and no engine timing
+            # by N replicas at once on a fresh data directory
+            cmd += ["--catalog-url", catalog_url, "--device", "cpu", "--engine", "torch"]
+        cmd += extra or []
         self.data_dir = data_dir
-        self.log = open(data_dir.parent / f"{data_dir.name}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir",
-                                      str(data_dir), "--port", "0"], cwd=ROOT, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
+        self.log_path = data_dir.parent / f"{log_name or data_dir.name}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.host, self.port = "127.0.0.1", port
+        if wait:
+            self.wait()
+
+    def wait(self, workers: int = 1, timeout: float = 300) -> None:
+        """Until /ready answers 200 and lists at least ``workers`` live workers."""
+        deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise SystemExit(f"server exited: {(data_dir.parent / f'{data_dir.name}.log').read_text()}")
+                raise SystemExit(f"server exited: {self.log_path.read_text()}")
             try:
-                meta = json.loads((data_dir / "server.json").read_text())
-                if meta["pid"] == self.proc.pid:
-                    self.host, self.port = meta["host"], int(meta["port"])
-                    if Conn(self.host, self.port).call("GET", "/ready")[0] == 200:
+                if not self.port:
+                    meta = json.loads((self.data_dir / "server.json").read_text())
+                    if meta["pid"] == self.proc.pid:
+                        self.host, self.port = meta["host"], int(meta["port"])
+                if self.port:
+                    status, body = Conn(self.host, self.port).call("GET", "/ready")
+                    if status == 200 and len(json.loads(body)["workers"]) >= workers:
                         break
             except (OSError, ValueError, KeyError):
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit("server not ready after 300 s")
+                raise SystemExit(f"server not ready after {timeout:.0f} s: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -122,9 +159,9 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
-def texts_pool() -> list[str]:
-    with open(DATA, encoding="utf-8") as fh:
-        next(fh)
+def texts_pool(path: Path = DATA) -> list[str]:
+    with open(path, encoding="utf-8") as fh:
+        next(fh)  # SST-2's header (a headerless file loses one text)
         rows = sorted({line.split("\t")[0] for line in fh if len(line.split()) >= 5})
     random.Random(0).shuffle(rows)
     return rows
@@ -134,9 +171,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the worker")
     ap.add_argument("--quick", action="store_true", help="fewer requests")
+    ap.add_argument("--replicas", default=None,
+                    help="instead of the phases above: cached req/s over N API replicas on one "
+                         "PostgreSQL catalog, for each N of this list (e.g. 1,2)")
+    ap.add_argument("--data", type=Path, default=DATA, help="TSV whose first column is the texts")
+    ap.add_argument("--model", default=None, help="--model of the replicas (default: the bundled one)")
+    ap.add_argument("--per-replica", type=int, default=8, help="connections per replica (--replicas)")
+    ap.add_argument("--window", type=float, default=3.0, help="seconds per measured window (--replicas)")
+    ap.add_argument("--rounds", type=int, default=5, help="measured windows per N, best counts (--replicas)")
     args = ap.parse_args()
+    if args.replicas:
+        from serve_replicas import run_replicas
+
+        res = run_replicas([int(n) for n in args.replicas.split(",")], texts_pool(args.data)[:256],
+                           args.threads, args.model, args.per_replica, warmup=2.0, window=args.window,
+                           rounds=args.rounds)
+        print("\nsummary: " + json.dumps({k: round(v, 1) for k, v in res.items()}))
+        return
     n_cached = 300 if args.quick else 1000
-    pool = texts_pool()
+    pool = texts_pool(args.data)
     tmp = Path(tempfile.mkdtemp(prefix="layerbank-bench-"))
     print(f"layerbank serve benchmark ({os.cpu_count()} CPUs, worker threads: "
           f"{args.threads or 'all'}); server data in {tmp}")
