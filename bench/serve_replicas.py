@@ -17,6 +17,7 @@ the server's cached path, and on 2 cores that would be measuring the client.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -110,7 +111,7 @@ def _drive(ports: list[int], reqs: list[bytes], ready: Any, go: Any, times: Any,
         t.join()
     out.put({"counts": [sum(c[w] for c in counts) for w in range(n_win)],
              "lats": [[x for ls in lats for x in ls[w]] for w in range(n_win)],
-             "cpu": [b - a for a, b in zip(cpu, cpu[1:])], "errors": errors})
+             "cpu": [b - a for a, b in itertools.pairwise(cpu)], "errors": errors})
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -264,8 +265,8 @@ def run_replicas(counts: list[int], texts: list[str], threads: int | None, model
             if n > 1:
                 ratio = r["rps"] / base["rps"]
                 print(f"  {n} replicas / 1: {ratio:.2f}x ({ratio / n:.2f} efficiency; target on 2 cores: "
-                      f">= 1.6x with two, on 16 cores >= 0.7 efficiency at 8); CPU cost per request "
-                      f"{base['per_cpu'] / r['per_cpu']:.2f}x one replica's (what a shared machine's "
-                      "scheduler does not hide)")
+                      f">= 1.6x with two, on 16 cores >= 0.7 efficiency at 8); server CPU per request "
+                      f"{base['per_cpu'] / r['per_cpu']:.2f}x one replica's (near 1: replicas add no "
+                      "work per request, whatever share of a loaded machine they got)")
     shutil.rmtree(tmp, ignore_errors=True)
     return {f"replicas_{n}_{k}": r[k] for n, r in res.items() for k in ("rps", "per_cpu")}
