@@ -37,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -88,6 +90,12 @@ def peak_rss_bytes() -> int:
     return 0
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (the time it would take one idle core)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def extract_in_child(data_dir: str, texts: list[str], threads: int, job: str) -> dict[str, Any]:
     """Extract with token-level states (in a spawned process); what the parent needs to read them."""
     from layerbank.workers.local import LocalExtractor
@@ -97,7 +105,7 @@ def extract_in_child(data_dir: str, texts: list[str], threads: int, job: str) ->
         return {"summary": summary.as_dict(), "sizes": token_bytes(ex.store.shard_dir, job),
                 "info": dict(ex.encoder.info), "fingerprint": ex.encoder.fingerprint,
                 "config": ex.encoder.config.canonical(), "storage_dtype": ex.encoder.config.storage_dtype,
-                "peak_rss_bytes": peak_rss_bytes()}
+                "peak_rss_bytes": peak_rss_bytes(), "cpu_seconds": cpu_seconds()}
 
 
 def token_bytes(shard_dir: Path, job: str) -> dict[str, int]:
@@ -138,6 +146,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "ner_table.json"))
     args = ap.parse_args()
     t_start = time.perf_counter()
+    load_start = os.getloadavg()
 
     train_all = read_wordset(DATA / "train.txt")
     valid, _ = subset(read_wordset(DATA / "valid.txt"), args.valid_sentences, args.seed)
@@ -196,9 +205,14 @@ def main() -> int:
                 row["seconds"] = time.perf_counter() - t0
                 rows.append(row)
                 warned += res["warnings"]
-                print(f"  {view:<14} F1 {100 * row['f1']:5.1f}  ({row['seconds']:.0f} s, peak RSS so far "
-                      f"{peak_rss_bytes() / 2**30:.2f} GiB{'' if row['converged'] else ', not converged'})",
-                      flush=True)
+                mdl = row.get("mdl") or {}
+                # everything the table shows, as each view finishes (a long run can be read before its end)
+                print(f"  {view:<14} F1 {100 * row['f1']:5.1f}  control F1 "
+                      f"{100 * (row['control_f1'] or 0):5.1f}  compression {mdl.get('compression')} "
+                      f"(control {mdl.get('control_compression')})  ({row['seconds']:.0f} s: tagger "
+                      f"{row['fit_seconds']:.0f}, control {row['control_fit_seconds'] or 0:.0f}, MDL "
+                      f"{mdl.get('seconds', 0):.0f}; peak RSS so far {peak_rss_bytes() / 2**30:.2f} GiB"
+                      f"{'' if row['converged'] else ', not converged'})", flush=True)
     finally:
         if not args.data_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -208,6 +222,21 @@ def main() -> int:
         print(f"warning: {w}")
     total = time.perf_counter() - t_start
     peak = peak_rss_bytes()
+    # where the time went: the views' parts are summed over views (the control head runs beside the tagger)
+    spent = {"extraction": summary["seconds"], "resolve_words": read_seconds,
+             "tagger": sum(r["fit_seconds"] for r in rows),
+             "control_head": sum(r["control_fit_seconds"] or 0.0 for r in rows),
+             "mdl": sum((r["mdl"] or {}).get("seconds", 0.0) for r in rows),
+             "views_total": sum(r["seconds"] for r in rows)}
+    spent["view_reads_and_rest"] = spent["views_total"] - spent["tagger"] - spent["mdl"]
+    load_end = os.getloadavg()
+    cpu = {"extracting": ext["cpu_seconds"], "probing": cpu_seconds()}
+    # on a shared machine the wall time says more about the others than about this run
+    print(f"CPU time: extracting process {cpu['extracting']:.0f} s, probing process {cpu['probing']:.0f} s "
+          f"(user + system; wall time {total:.0f} s on {os.cpu_count()} CPUs)")
+    print("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items())
+          + f" (the control head fits beside the tagger); load average {load_start[0]:.1f} at the start, "
+          f"{load_end[0]:.1f} at the end (1 min), {load_end[1]:.1f} (5 min) on {os.cpu_count()} CPUs")
     print(f"total {total / 60:.1f} min (extraction included), peak resident memory {peak / 2**30:.2f} GiB "
           f"probing (VmHWM of this process), {ext['peak_rss_bytes'] / 2**30:.2f} GiB extracting; stored {extraction['bytes_per_token_token_level']:,.0f} bytes per token, "
           f"{extraction['disk_token_level'] / max(1, n_words['train'] + n_words['valid']):,.0f} bytes per word "
@@ -219,6 +248,8 @@ def main() -> int:
         "max_iter": args.max_iter, "mix_rounds": args.mix_rounds, "extraction": extraction, "word_states_seconds": read_seconds,
         "rows": rows, "paper": {v: {"name": n, "f1": f} for v, n, f in PAPER},
         "paper_fine_tune": FINE_TUNE[1], "total_seconds": total, "peak_rss_bytes": peak, "warnings": warned,
+        "seconds_by_stage": spent, "cpu_seconds": cpu, "load_average": {"start": load_start, "end": load_end},
+        "bytes_per_word_token_level": extraction["disk_token_level"] / max(1, n_words["train"] + n_words["valid"]),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
