@@ -23,8 +23,9 @@ COPY app ./app
 COPY cache ./cache
 COPY workers ./workers
 # the Ray extra is in every image: the same image serves as API host and Ray node,
-# and Ray needs the same version of itself (and of layerbank) on every node
-RUN pip install ".[ray]"
+# and Ray needs the same version of itself (and of layerbank) on every node; psycopg
+# (the postgres extra) for the replicas profile's PostgreSQL catalog
+RUN pip install ".[ray,postgres]"
 
 RUN useradd --create-home --uid 1000 layerbank && mkdir -p /data && chown layerbank /data
 USER layerbank

@@ -6,7 +6,9 @@ real ``layerbank.app.cli.main.build_parser()``, ``ray ...`` with Ray's own click
 ``python -c CODE`` must compile. Every ``LAYERBANK_*`` name in the file must be
 a Settings field or the twin of a command-line flag. The layout a user
 relies on is checked too: one data volume at the data directory on every
-node that touches shards, NVIDIA reservations on GPU services, /ready checks.
+node that touches shards, NVIDIA reservations on GPU services, /ready checks,
+and the ``replicas`` profile: two API replicas and a worker on one PostgreSQL
+catalog (the ``postgres`` service, healthy before they start) and one volume.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -30,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 _SHELL_WORDS = {"if", "then", "else", "elif", "fi", ";", "&&", "||"}
 _SHELL_BUILTINS = {"[", "exit", "exec", "test", "true"}
+_OTHER_PROGRAMS = {"postgres": {"postgres", "pg_isready"}}  # the postgres:15 image's own
+REPLICAS = {"api-1", "api-2", "worker", "postgres"}
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +90,11 @@ def flag_twins(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_expected_services_and_profiles(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"api", "gpu-worker", "ray-head", "ray-worker"}
+    assert set(services) == {"api", "gpu-worker", "ray-head", "ray-worker"} | REPLICAS
     assert "profiles" not in services["api"]  # `docker compose up` starts the API
     assert services["gpu-worker"]["profiles"] == ["gpu"]
     assert services["ray-head"]["profiles"] == services["ray-worker"]["profiles"] == ["ray"]
+    assert {n for n, s in services.items() if "replicas" in s.get("profiles", [])} == REPLICAS
 
 
 def test_layerbank_commands_parse(compose: dict[str, Any]) -> None:
@@ -103,7 +109,8 @@ def test_layerbank_commands_parse(compose: dict[str, Any]) -> None:
             except SystemExit:
                 pytest.fail(f"{name}: `{' '.join(argv)}` does not parse with layerbank's CLI")
             seen[name] = args.command
-    assert seen == {"api": "serve", "gpu-worker": "worker"}
+    assert seen == {"api": "serve", "gpu-worker": "worker", "api-1": "serve", "api-2": "serve",
+                    "worker": "worker"}
 
 
 def test_ray_commands_parse(compose: dict[str, Any]) -> None:
@@ -136,7 +143,8 @@ def test_other_commands_are_shell_builtins_or_python(compose: dict[str, Any]) ->
                 assert argv[1] == "-c", argv
                 compile(argv[2], f"<{name} healthcheck>", "exec")  # a SyntaxError fails the test
             else:
-                assert argv[0] in _SHELL_BUILTINS, f"{name}: unexpected program {argv[0]!r}"
+                allowed = _SHELL_BUILTINS | _OTHER_PROGRAMS.get(name, set())
+                assert argv[0] in allowed, f"{name}: unexpected program {argv[0]!r}"
 
 
 def test_every_layerbank_variable_is_a_setting_or_a_flag_twin() -> None:
@@ -162,6 +170,73 @@ def test_data_volume_and_gpu_reservations(compose: dict[str, Any]) -> None:
     api_env = services["api"]["environment"]
     assert api_env["HDF5_USE_FILE_LOCKING"] == "FALSE"
     assert api_env["LAYERBANK_RAY_ADDRESS"] == "auto"
+
+
+def _catalog_url(service: dict[str, Any]) -> str | None:
+    """The catalog URL a layerbank service runs with: its --catalog-url, else its environment's."""
+    parser = build_parser()
+    for argv in commands_of(service):
+        if argv[0] == "layerbank":
+            url = getattr(parser.parse_args(argv[1:]), "catalog_url", None)
+            if url:
+                return str(url)
+    return service.get("environment", {}).get("LAYERBANK_CATALOG_URL")
+
+
+def test_replicas_profile_two_apis_and_a_worker_on_one_postgres_catalog(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    layerbank = {n: s for n, s in services.items() if n in REPLICAS - {"postgres"}}
+    apis = [n for n, s in layerbank.items() if next(commands_of(s))[1] == "serve"]
+    assert sorted(apis) == ["api-1", "api-2"]
+    assert next(commands_of(services["worker"]))[1:] == ["worker"]
+
+    # one catalog: the postgres service's database, as its own user; the password reaches
+    # libpq as PGPASSWORD, from the same variable the postgres image initialises with
+    pg = services["postgres"]
+    assert pg["image"] == "postgres:15"
+    urls = {n: _catalog_url(s) for n, s in layerbank.items()}
+    assert len(set(urls.values())) == 1, urls
+    url = urlparse(urls["api-1"])  # type: ignore[type-var]
+    assert url.scheme == "postgresql" and url.hostname == "postgres" and url.password is None
+    assert url.path == "/" + pg["environment"]["POSTGRES_DB"]
+    assert url.username == pg["environment"]["POSTGRES_USER"]
+    password = pg["environment"]["POSTGRES_PASSWORD"]
+    assert password.startswith("${POSTGRES_PASSWORD")
+    for name, s in layerbank.items():
+        assert s["environment"]["PGPASSWORD"] == password, name
+
+    # one shard volume at the data directory of all three, not the default api's: a SQLite
+    # `serve` removes at start every shard its catalog.sqlite does not list
+    mounts = set()
+    for name, s in layerbank.items():
+        (mount,) = [v for v in s["volumes"] if v.endswith(":" + s["environment"]["LAYERBANK_DATA_DIR"])]
+        mounts.add(mount.split(":")[0])
+    assert len(mounts) == 1 and mounts <= set(compose["volumes"]), mounts
+    assert mounts.isdisjoint(v.split(":")[0] for v in services["api"]["volumes"])
+    assert any(v.startswith("layerbank-postgres:") for v in pg["volumes"])
+
+    # the replicas and the worker start once postgres answers, and it says when it does
+    for name in layerbank:
+        assert layerbank[name]["depends_on"]["postgres"]["condition"] == "service_healthy", name
+    assert pg["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    for name in apis:
+        assert "/ready" in " ".join(services[name]["healthcheck"]["test"]), name
+    host_ports = [p.split(":")[0] for n in ["api", *apis] for p in services[n]["ports"]]
+    assert len(set(host_ports)) == len(host_ports) == 3, host_ports
+
+    # the image carries psycopg (the postgres extra)
+    install = next(ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if 'pip install ".[' in ln)
+    assert "postgres" in re.search(r'"\.\[([^\]]+)\]"', install).group(1).split(",")  # type: ignore[union-attr]
+
+
+def test_required_variables_are_the_default_services_own(compose: dict[str, Any]) -> None:
+    """Compose interpolates every service before it picks profiles, so a ``${X:?}`` that
+    only a profile's service needs would stop a plain ``docker compose up``."""
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):?\?", COMPOSE.read_text()))
+    default = " ".join(str(s) for s in compose["services"].values() if "profiles" not in s)
+    assert required == {"LAYERBANK_API_KEY"}
+    for name in required:
+        assert "${" + name in default, name
 
 
 def test_dockerfile_pins_torch_before_installing_the_project() -> None:
