@@ -128,5 +128,42 @@ def test_clean_counts_every_leftover_and_says_so(tmp_path: Path, caplog: pytest.
         caplog.clear()
         assert store.clean() == {"temp_files": 0, "uncommitted_shards": 0}
         assert caplog.records == []  # nothing to say when nothing was left
+        (data / "shards" / "job-00005.h5.tmp").write_bytes(b"")  # one kind alone is said too
+        with caplog.at_level(logging.WARNING, logger="layerbank"):
+            assert store.clean() == {"temp_files": 1, "uncommitted_shards": 0}
+        assert [r.getMessage() for r in caplog.records] == [
+            "removed 1 temp files and 0 uncommitted shards left by a crash"]
+    finally:
+        store.close()
+
+
+@pytest.mark.sqlite_only  # an old SQLite catalog; PostgreSQL catalogs record poolings from the start
+def test_an_old_catalog_learns_each_shards_poolings_from_its_file(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A catalog written before it recorded poolings: opening the store reads them from
+    each file, so a pooling a shard lacks is a miss (recomputed), not a read that fails."""
+    data = tmp_path / "data"
+    store = FeatureStore(data)
+    mean_only = contents(keys_of(store, "a", "b"), 0)
+    mean_only.pooled = {"mean": mean_only.pooled["mean"]}
+    store.write("job-00000", mean_only, model="local:m", config=CFG)
+    store.write("job-00001", contents(keys_of(store, "c"), 1), model="local:m", config=CFG)
+    with store.catalog.tx() as db:
+        db.execute("UPDATE shards SET poolings = NULL")
+    store.close()
+    (data / "shards" / "job-00001.h5").write_bytes(b"not an HDF5 file")  # damaged meanwhile
+    with caplog.at_level(logging.WARNING, logger="layerbank"):
+        store = FeatureStore(data)
+    try:
+        assert store.catalog.shard_info("job-00000.h5")["poolings"] == ("mean",)  # type: ignore[index]
+        assert store.catalog.shards_without_poolings() == ["job-00001.h5"]  # unreadable: left as it was
+        assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+            "could not read which poolings shard job-00001.h5 holds"]
+        a_b = keys_of(store, "a", "b")
+        assert store.read_pooled(a_b, "mean").found.tolist() == [True, True]
+        assert store.read_pooled(a_b, "cls").found.tolist() == [False, False]
+        assert store.catalog.counter("quarantined_shards") == 0
+        assert store.read_pooled(keys_of(store, "c"), "mean").found.tolist() == [False]  # its first read
+        assert (data / "quarantine" / "job-00001.h5").exists()
     finally:
         store.close()
