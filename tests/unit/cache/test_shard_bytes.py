@@ -1,0 +1,114 @@
+"""The bytes of a shard and the words of its errors, as a user with h5py or a log sees
+them: the chunk shapes docs/storage.md describes (about 64 KiB, at least one row),
+the documented ``format_version``, float16 overflow refused with the fix, the file
+fsynced under its temp name before the rename, and what a damaged read says.
+Written for the mutants of cache/shard.py that bench/mutation.sh found surviving."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from layerbank.cache import shard as shard_module
+from layerbank.cache.shard import (
+    CorruptShardError,
+    ShardContents,
+    ShardReader,
+    StorageRangeError,
+    write_shard,
+)
+
+
+def contents(n: int, h: int, d: int, *, scale: float = 1.0) -> ShardContents:
+    rng = np.random.default_rng(n)
+    return ShardContents([f"{i:064x}" for i in range(n)], np.full(n, 3), np.zeros(n, bool),
+                         {"mean": (scale * rng.standard_normal((n, h, d))).astype(np.float32)})
+
+
+def chunks(path: Path) -> dict[str, tuple[int, ...]]:
+    with h5py.File(path, "r") as f:
+        out = {}
+        f.visititems(lambda name, obj: out.__setitem__(name, obj.chunks) if isinstance(obj, h5py.Dataset) else None)
+        assert all(f[name].fletcher32 for name in out)
+        assert f.attrs["format_version"] == 1  # docs/storage.md, "File attributes"
+        return out
+
+
+def test_chunks_hold_about_64_kib_of_whole_rows(tmp_path: Path) -> None:
+    write_shard(tmp_path / "s.h5", contents(2000, 7, 64), "float16")
+    assert chunks(tmp_path / "s.h5") == {
+        "keys": (1024,),              # 64 bytes a row: 65,536 / 64
+        "n_tokens": (2000,),          # 4 bytes a row: all 2,000 rows fit in one chunk
+        "truncated": (2000,),
+        "pooled/mean": (73, 7, 64),   # 7 x 64 float16 = 896 bytes a row: 65,536 // 896
+    }
+
+
+def test_a_row_bigger_than_a_chunk_is_one_row_per_chunk(tmp_path: Path) -> None:
+    write_shard(tmp_path / "s.h5", contents(3, 13, 3000), "float16")  # 78,000 bytes a row
+    assert chunks(tmp_path / "s.h5")["pooled/mean"] == (1, 13, 3000)
+
+
+def test_one_byte_rows_fill_a_whole_chunk(tmp_path: Path) -> None:
+    write_shard(tmp_path / "s.h5", contents(40_000, 1, 1), "float16")
+    got = chunks(tmp_path / "s.h5")
+    assert got["truncated"] == (40_000,) and got["keys"] == (1024,) and got["pooled/mean"] == (32_768, 1, 1)
+
+
+def test_float16_overflow_is_refused_with_the_fix_and_leaves_no_file(tmp_path: Path) -> None:
+    big = contents(4, 2, 3, scale=1.0)
+    big.pooled["mean"][2, 1, 0] = 123_456.0
+    with pytest.raises(StorageRangeError) as e:
+        write_shard(tmp_path / "s.h5", big, "float16")
+    assert str(e.value) == ("pooled/mean: values up to 1.235e+05 overflow float16 (max 65504); "
+                            "store this model with --storage-dtype float32")
+    assert list(tmp_path.iterdir()) == []
+    write_shard(tmp_path / "s.h5", big, "float32")  # what the message says to do
+    assert ShardReader(tmp_path / "s.h5").read_pooled(np.array([2]), "mean")[0, 1, 0] == 123_456.0
+
+
+def test_values_already_infinite_are_stored_as_they_are(tmp_path: Path) -> None:
+    c = contents(2, 2, 3)
+    c.pooled["mean"][0, 0, 0] = np.inf  # not an overflow of the cast: nothing to refuse
+    write_shard(tmp_path / "s.h5", c, "float16")
+    assert np.isinf(ShardReader(tmp_path / "s.h5").read_pooled(np.array([0]), "mean")[0, 0, 0])
+
+
+def test_the_file_is_synced_under_its_temp_name_then_renamed_and_the_directory_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[tuple[str, list[str]]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), sorted(p.name for p in tmp_path.iterdir())))
+        real_fsync(fd)
+
+    monkeypatch.setattr(shard_module.os, "fsync", fsync)
+    n_bytes = write_shard(tmp_path / "job-00000.h5", contents(3, 2, 3), "float16")
+    assert synced == [(str(tmp_path / "job-00000.h5.tmp"), ["job-00000.h5.tmp"]),  # complete, not yet visible
+                      (str(tmp_path), ["job-00000.h5"])]                           # the rename made durable
+    assert n_bytes == (tmp_path / "job-00000.h5").stat().st_size
+
+
+def test_an_empty_shard_is_refused_in_words(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as e:
+        write_shard(tmp_path / "s.h5", ShardContents([], np.zeros(0), np.zeros(0, bool), {}), "float16")
+    assert str(e.value) == "a shard needs at least one row"
+
+
+def test_a_damaged_read_names_the_file_the_dataset_and_the_cause(tmp_path: Path) -> None:
+    path = tmp_path / "s.h5"
+    write_shard(path, contents(3, 2, 3), "float16")
+    with h5py.File(path, "r") as f:
+        off = f["pooled/mean"].id.get_chunk_info(0).byte_offset
+    with open(path, "r+b") as fh:
+        fh.seek(off + 2)
+        fh.write(b"\xde\xad\xbe\xef")
+    with pytest.raises(CorruptShardError) as e:
+        ShardReader(path).read_pooled(np.array([0]), "mean")
+    assert e.value.path == str(path)
+    assert str(e.value).startswith(f"shard {path} is damaged: pooled/mean: OSError: ")
+    assert "checksum" in str(e.value).lower() or "filter" in str(e.value).lower()
