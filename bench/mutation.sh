@@ -9,6 +9,8 @@
 #   MUTATION_MAX_S=900 bench/mutation.sh ...       stop after 15 minutes (what ran is reported)
 #   MUTATION_KEEP=/tmp/m bench/mutation.sh ...     keep the copy and each module's mutmut cache
 #                                                  there (rerun one mutant: cd /tmp/m && mutmut run ID)
+#   MUTATION_FROM=/tmp/m bench/mutation.sh ...     after adding tests: start from /tmp/m's results,
+#                                                  so only the mutants not yet killed run again
 #
 # It never touches the working tree: the committed tree is copied to a temporary
 # directory (git archive HEAD), `layerbank.*` is pointed at that copy (symlinks, and the
@@ -97,7 +99,12 @@ start=$(date +%s)
 for target in "${TARGETS[@]}"; do
   tests=${TESTS[$target]:?no tests listed for $target}
   echo "== $target (tests: $tests)"
-  rm -f .mutmut-cache
+  saved="${MUTATION_FROM:-/nonexistent}/.mutmut-cache.${target//\//_}"
+  if [ -f "$saved" ]; then
+    cp "$saved" .mutmut-cache  # a kept run's results: mutmut retests all but the killed ones
+  else
+    rm -f .mutmut-cache
+  fi
   # schemathesis and hypothesis load at every pytest start (8-15 s on the shared machine);
   # these tests need neither, and each mutant starts pytest afresh.
   # mutmut 2 counts any exit code but 1 as "tests pass": a mutant that breaks the import

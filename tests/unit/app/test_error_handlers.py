@@ -34,6 +34,8 @@ def _app() -> FastAPI:
             raise E.Conflict("head h is running", extra={"job_id": "j1", "job_state": "running", "none": None})
         if kind == "storage":
             raise E.InsufficientStorage("the disk is full")
+        if kind == "invalid":
+            raise E.InvalidInput("texts.0: a text may not be empty", field="texts.0")
         if kind == "input":
             raise InputError("tags.3 has 4 tags for 5 words", field="tags.3")
         if kind == "http":
@@ -95,6 +97,12 @@ def test_api_errors_keep_their_limit_headers_and_extra_keys(client: TestClient,
         assert (r.status_code, r.json()) == (507, {"error": "the disk is full", "type": "insufficient_storage"})
     assert [(x.levelname, x.getMessage()) for x in caplog.records] == [
         ("ERROR", "GET /raise/storage: the disk is full")]
+
+
+def test_an_invalid_input_names_its_field(client: TestClient) -> None:
+    r = client.get("/raise/invalid")
+    assert (r.status_code, r.json()) == (422, {"error": "texts.0: a text may not be empty", "type": "validation",
+                                               "field": "texts.0"})
 
 
 def test_a_domain_input_error_is_422_on_its_field(client: TestClient) -> None:
