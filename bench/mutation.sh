@@ -42,6 +42,7 @@ TARGETS=("$@")
 MAX_S=${MUTATION_MAX_S:-0}
 
 if [ -n "${MUTATION_KEEP:-}" ]; then
+  [ "${MUTATION_FROM:-}" != "$MUTATION_KEEP" ] || { echo "MUTATION_FROM must differ from MUTATION_KEEP" >&2; exit 2; }
   WORK=$MUTATION_KEEP; rm -rf "$WORK"; mkdir -p "$WORK"
 else
   WORK=$(mktemp -d /tmp/lb-mutation.XXXXXX)
