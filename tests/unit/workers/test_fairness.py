@@ -170,3 +170,15 @@ def test_a_huge_request_travels_in_a_file_not_in_its_job_row(store, tiny_encoder
     assert list(requests_dir(store.root).iterdir()) == []
     keys = [store.key(tiny_encoder.fingerprint, tiny_encoder.config, x) for x in texts]
     assert len(store.lookup(keys)) == 11
+
+
+def test_over_http_a_huge_request_passes_its_texts_in_a_file_and_removes_it(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
+    api = tiny_api_factory()
+    texts = [_words(99_000, 70 + i) for i in range(11)]  # 1.09 M characters, 1.1 MB of JSON
+    r = api.client.post("/v1/features", json={"texts": texts})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 11 and r.json()["usage"]["tokens_computed"] > 0
+    (job,) = api.worker.queue.list(kinds=["encode"])
+    assert job.state == "succeeded" and "texts" not in job.payload, job.payload
+    assert job.payload["texts_file"] == f"{job.id}.json"
+    assert list((api.data_dir / "requests").iterdir()) == []
