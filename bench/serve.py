@@ -184,7 +184,7 @@ def main() -> None:
         from serve_replicas import run_replicas
 
         res = run_replicas([int(n) for n in args.replicas.split(",")], texts_pool(args.data)[:256],
-                           args.threads, args.model, args.per_replica, warmup=2.0, window=args.window,
+                           args.threads, args.model, args.per_replica, warmup=1.0, window=args.window,
                            rounds=args.rounds)
         print("\nsummary: " + json.dumps({k: round(v, 1) for k, v in res.items()}))
         return

@@ -199,10 +199,39 @@ def _postmaster_pid(root: Path) -> int | None:
         return None
 
 
-def run_replicas(counts: list[int], texts: list[str], threads: int | None, model: str | None,
-                 per_replica: int, warmup: float, window: float, rounds: int) -> dict[str, Any]:
+def _start_set(n: int, pg: Any, data: Path, texts: list[str], threads: int, model: str | None) -> list[Any]:
+    """N replicas on a fresh data directory and schema, every text stored and read by each."""
     from serve import Conn, Server
 
+    url = pg.new_schema_url(f"bench_r{n}")
+    data.mkdir()  # serve --catalog-url does not create it (told the lead)
+    ports = _free_ports(n)
+    extra = ["--model", model] if model else []
+    servers = [Server(data, threads, url, ports[0], f"{data.name}-0", wait=False, extra=extra)]
+    try:
+        servers[0].wait()  # the schema's tables exist before the others start
+        servers += [Server(data, threads, url, p, f"{data.name}-{i + 1}", wait=False, extra=extra)
+                    for i, p in enumerate(ports[1:])]
+        for s in servers:
+            s.wait(workers=n)
+        conn = Conn(servers[0].host, servers[0].port)
+        for i in range(0, len(texts), 128):  # stored once, through the first replica
+            status, body = conn.call("POST", "/v1/features", {"texts": texts[i: i + 128]})
+            assert status == 200, body[:300]
+        for s in servers:  # every replica reads every text once: all cached from here on
+            status, body = Conn(s.host, s.port).call("POST", "/v1/features", {"texts": texts})
+            assert status == 200, body[:300]
+            hits = json.loads(body)["usage"]["cache_hits"]
+            assert hits == len(texts), f"replica on port {s.port}: {hits} of {len(texts)} cached"
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return servers
+
+
+def run_replicas(counts: list[int], texts: list[str], threads: int | None, model: str | None,
+                 per_replica: int, warmup: float, window: float, rounds: int) -> dict[str, Any]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from tests.postgres_server import PostgresServer
@@ -218,51 +247,36 @@ def run_replicas(counts: list[int], texts: list[str], threads: int | None, model
     reqs = [_request(t) for t in texts]
     print(f"replicas on one PostgreSQL catalog: {os.cpu_count()} CPUs, load average {_loadavg()} "
           f"(1/5/15 min) before; torch threads per worker {threads}; {len(texts)} cached texts; "
-          f"{per_replica} keep-alive connections per replica; best of {rounds} x {window:g} s windows "
-          f"after {warmup:g} s of warm-up; data in {tmp}")
-    res: dict[str, Any] = {}
+          f"{per_replica} keep-alive connections per replica; {rounds} rounds, each a {window:g} s "
+          f"window per N after {warmup:g} s of warm-up, the N alternating (all sets of replicas "
+          f"stay up, idle but the one driven), best round per N; data in {tmp}", flush=True)
+    sets: dict[int, list[Any]] = {}
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
     try:
         for n in counts:
-            url = pg.new_schema_url(f"bench_r{n}")
-            data = tmp / f"r{n}"
-            data.mkdir()  # serve --catalog-url does not create it (told the lead)
-            ports = _free_ports(n)
-            extra = ["--model", model] if model else []
-            servers: list[Server] = []
-            try:
-                t0 = time.monotonic()
-                servers.append(Server(data, threads, url, ports[0], f"r{n}-0", wait=False, extra=extra))
-                servers[0].wait()  # the schema's tables exist before the others start
-                servers += [Server(data, threads, url, p, f"r{n}-{i + 1}", wait=False, extra=extra)
-                            for i, p in enumerate(ports[1:])]
-                for s in servers:
-                    s.wait(workers=n)
-                conn = Conn(servers[0].host, servers[0].port)
-                for i in range(0, len(texts), 128):  # stored once, through the first replica
-                    status, body = conn.call("POST", "/v1/features", {"texts": texts[i: i + 128]})
-                    assert status == 200, body[:300]
-                for s in servers:  # every replica reads every text once: all cached from here on
-                    c = Conn(s.host, s.port)
-                    status, body = c.call("POST", "/v1/features", {"texts": texts})
-                    assert status == 200, body[:300]
-                    hits = json.loads(body)["usage"]["cache_hits"]
-                    assert hits == len(texts), f"replica on port {s.port}: {hits} of {len(texts)} cached"
-                ready_s = time.monotonic() - t0
-                r = _measure(servers, pg_pid, reqs, per_replica, warmup, window, rounds)
-            finally:
-                for s in servers:
-                    s.stop()
-            res[n] = r
-            r["per_cpu"] = r["rps"] / max(r["servers_cpu"], 1e-9)
-            print(f"{n} replica{'s' if n > 1 else ' '}: {r['rps']:8.0f} cached req/s  p50 {r['p50_ms']:5.2f} ms  "
-                  f"{r['per_cpu']:6.0f} req per server CPU second  "
-                  f"(windows: {', '.join(f'{x:.0f}' for x in r['all_rps'])}); CPU cores busy: servers "
-                  f"{r['servers_cpu']:.2f}, postgres {r['postgres_cpu']:.2f}, load generator "
-                  f"{r['client_cpu']:.2f} ({r['client_processes']} processes, {r['connections']} "
-                  f"connections); load average {_loadavg()}; started and filled in {ready_s:.0f} s",
-                  flush=True)
+            t0 = time.monotonic()
+            sets[n] = _start_set(n, pg, tmp / f"r{n}", texts, threads, model)
+            print(f"{n} replica{'s' if n > 1 else ''} started, texts stored and read by each in "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)
+        # alternating: a shared machine's load changes by the minute, and each N gets its turns
+        for rnd in range(rounds):
+            for n in counts:
+                runs[n].append(_measure(sets[n], pg_pid, reqs, per_replica, warmup, window, 1))
+            print(f"round {rnd + 1}: " + ", ".join(f"N={n} {runs[n][-1]['rps']:.0f}" for n in counts)
+                  + f" req/s; load average {_loadavg()}", flush=True)
     finally:
+        for servers in sets.values():
+            for s in servers:
+                s.stop()
         pg.stop()
+    res: dict[int, dict[str, Any]] = {}
+    for n in counts:
+        r = res[n] = max(runs[n], key=lambda x: x["rps"])
+        r["per_cpu"] = r["rps"] / max(r["servers_cpu"], 1e-9)
+        print(f"{n} replica{'s' if n > 1 else ' '}: {r['rps']:8.0f} cached req/s  p50 {r['p50_ms']:5.2f} ms  "
+              f"{r['per_cpu']:6.0f} req per server CPU second; CPU cores busy: servers "
+              f"{r['servers_cpu']:.2f}, postgres {r['postgres_cpu']:.2f}, load generator "
+              f"{r['client_cpu']:.2f} ({r['client_processes']} processes, {r['connections']} connections)")
     base = res.get(1)
     if base:
         for n, r in res.items():
@@ -272,5 +286,6 @@ def run_replicas(counts: list[int], texts: list[str], threads: int | None, model
                       f">= 1.6x with two, on 16 cores >= 0.7 efficiency at 8); server CPU per request "
                       f"{base['per_cpu'] / r['per_cpu']:.2f}x one replica's (near 1: replicas add no "
                       "work per request, whatever share of a loaded machine they got)")
+    print(f"load average after: {_loadavg()}")
     shutil.rmtree(tmp, ignore_errors=True)
     return {f"replicas_{n}_{k}": r[k] for n, r in res.items() for k in ("rps", "per_cpu")}
