@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,7 +58,7 @@ os.environ.pop("LAYERBANK_CATALOG_URL", None)  # a developer's own catalog never
 CATALOGS = [c.strip() for c in os.environ.get("LAYERBANK_TEST_CATALOGS", "sqlite").split(",")
             if c.strip()]
 # fixtures of a wider scope that hold no catalog: a test using only these gets a schema of its own
-_NO_CATALOG = {"tiny_model_dir", "catalog_backend", "postgres_server", "_module_catalog"}
+_NO_CATALOG = {"tiny_model_dir", "catalog_backend", "postgres_server", "_module_catalog", "session_catalog"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -97,20 +98,42 @@ def catalog_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _use_schema(request: pytest.FixtureRequest, backend: str) -> Iterator[None]:
-    if backend != "postgres":
+@contextlib.contextmanager
+def catalog_env(url: str | None) -> Iterator[None]:
+    """``LAYERBANK_CATALOG_URL`` set to ``url`` (None: left as it is) inside the block."""
+    if url is None:
         yield
         return
     old = os.environ.get("LAYERBANK_CATALOG_URL")
-    os.environ["LAYERBANK_CATALOG_URL"] = request.getfixturevalue("postgres_server").new_schema_url()
-    yield
+    os.environ["LAYERBANK_CATALOG_URL"] = url
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LAYERBANK_CATALOG_URL", None)
+        else:
+            os.environ["LAYERBANK_CATALOG_URL"] = old
+
+
+def _use_schema(request: pytest.FixtureRequest, backend: str, url: str | None = None) -> Iterator[None]:
+    if backend != "postgres":
+        yield
+        return
+    url = url or request.getfixturevalue("postgres_server").new_schema_url()
+    with catalog_env(url):
+        yield
     from layerbank.cache.postgres import close_pools
 
-    close_pools()  # the test's connections, whatever it left open
-    if old is None:
-        os.environ.pop("LAYERBANK_CATALOG_URL", None)
-    else:
-        os.environ["LAYERBANK_CATALOG_URL"] = old
+    close_pools()  # the connections of what ran under it, whatever it left open
+
+
+@pytest.fixture(scope="session")
+def session_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> str | None:
+    """A schema for the pass's session-scoped servers (their fixtures take this one, so they
+    are made again for each backend, under ``catalog_env``); None on SQLite."""
+    if catalog_backend != "postgres":
+        return None
+    return str(request.getfixturevalue("postgres_server").new_schema_url())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,22 +142,34 @@ def _module_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Ite
     yield from _use_schema(request, catalog_backend)
 
 
-def _shares_module_data(request: pytest.FixtureRequest) -> bool:
+def _widest_data_scope(request: pytest.FixtureRequest) -> str:
+    """The widest scope among the test's fixtures that may hold a store or a server."""
+    widest = "function"
     for name in request.fixturenames:
         defs = request._fixturemanager.getfixturedefs(name, request.node)  # noqa: SLF001
         # ours (pytest's own, like tmp_path_factory, have no base id) and wider than a test
-        if name not in _NO_CATALOG and defs and defs[-1].baseid and defs[-1].scope != "function":
-            return True
-    return False
+        if name in _NO_CATALOG or not defs or not defs[-1].baseid:
+            continue
+        scope = defs[-1].scope
+        if scope == "session":
+            return "session"
+        if scope in ("module", "package", "class"):
+            widest = "module"
+    return widest
 
 
 @pytest.fixture(autouse=True)
 def _test_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Iterator[None]:
-    """A schema of the test's own, unless it works on a module's store or server."""
-    if _shares_module_data(request):
+    """A schema of the test's own, unless it works on a module's store or server (the
+    module's schema) or a session's (the pass's schema)."""
+    scope = _widest_data_scope(request)
+    if scope == "module":
         yield
+    elif scope == "session":
+        yield from _use_schema(request, catalog_backend, request.getfixturevalue("session_catalog"))
     else:
         yield from _use_schema(request, catalog_backend)
+
 
 TINY_LAYERS = 2
 TINY_HIDDEN = 32

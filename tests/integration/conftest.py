@@ -69,6 +69,9 @@ class ServerProcess:
         self.settings = dict(settings or {})
         self.api_key = api_key
         self.port = 0  # a free port at first start; kept by restart()
+        # the PostgreSQL pass's catalog as it is where the server is made (tests/conftest.py),
+        # kept for every restart
+        self.catalog_url = os.environ.get("LAYERBANK_CATALOG_URL")
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
@@ -77,8 +80,8 @@ class ServerProcess:
     # -- life cycle -----------------------------------------------------------
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
-        if os.environ.get("LAYERBANK_CATALOG_URL"):  # the PostgreSQL pass (tests/conftest.py)
-            env["LAYERBANK_CATALOG_URL"] = os.environ["LAYERBANK_CATALOG_URL"]
+        if self.catalog_url:  # the PostgreSQL pass (tests/conftest.py)
+            env["LAYERBANK_CATALOG_URL"] = self.catalog_url
         env["LAYERBANK_THREADS"] = "1"  # the test machine's cores are shared
         # engine auto exports the model to ONNX and times both engines at a fresh data dir's
         # first start (seconds each); tests/integration/test_engines.py covers it, others use torch
@@ -280,8 +283,12 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def layerbank_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path_factory.mktemp("shared-server") / "data", SHARED_SETTINGS)
+def layerbank_server(tmp_path_factory: pytest.TempPathFactory,
+                     session_catalog: str | None) -> Iterator[ServerProcess]:
+    from tests.conftest import catalog_env
+
+    with catalog_env(session_catalog):  # one per backend pass (tests/conftest.py)
+        server = ServerProcess(tmp_path_factory.mktemp("shared-server") / "data", SHARED_SETTINGS)
     server.start()
     yield server
     server.stop()
