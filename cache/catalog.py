@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .poolings import LEGACY_POOLINGS
-from .postgres import PostgresCatalogDb, is_postgres_url
+from .postgres import INDEX_WRITER_LOCK_SQL, PostgresCatalogDb, is_postgres_url
 
 __all__ = ["CATALOG_URL_ENV", "Catalog", "Entry", "catalog_url", "redacted"]
 
@@ -156,6 +156,7 @@ class Catalog:
                 for i, (k, t, tr) in enumerate(zip(keys, n_tokens, truncated))]
         held = None if poolings is None else ",".join(poolings)
         with self.tx() as db:
+            self._one_index_writer(db)
             db.execute("DELETE FROM entries WHERE shard = ?", (name,))
             db.execute("DELETE FROM shards WHERE name = ?", (name,))
             db.execute("INSERT INTO shards (name, model, config, n_rows, n_bytes, has_tokens, created, "
@@ -175,6 +176,14 @@ class Catalog:
             for old in replaces:
                 db.execute("DELETE FROM shards WHERE name = ? AND name NOT IN "
                            "(SELECT DISTINCT shard FROM entries)", (old,))
+
+    def _one_index_writer(self, db: sqlite3.Connection) -> None:
+        """On PostgreSQL, shard commits and drops take turns, as SQLite's one writer does:
+        two replicas committing shards that share keys (the same text encoded by both)
+        would otherwise lock the same entries rows in different orders and deadlock.
+        A commit takes milliseconds; the encoding before it runs in parallel."""
+        if self._pg is not None:
+            db.execute(INDEX_WRITER_LOCK_SQL)
 
     @staticmethod
     def _gaining(db: sqlite3.Connection, rows: list[tuple], new: set[str]) -> list[tuple]:
@@ -245,6 +254,7 @@ class Catalog:
     def drop_shard(self, name: str) -> list[str]:
         """Forget a shard (quarantine, compaction); returns the keys it held."""
         with self.tx() as db:
+            self._one_index_writer(db)
             keys = [r[0] for r in db.execute("SELECT key FROM entries WHERE shard = ?", (name,))]
             db.execute("DELETE FROM entries WHERE shard = ?", (name,))
             db.execute("DELETE FROM shards WHERE name = ?", (name,))

@@ -50,11 +50,13 @@ from .errors import InputError
 if TYPE_CHECKING:  # psycopg is the `postgres` extra: SQLite users never import it
     from psycopg_pool import ConnectionPool
 
-__all__ = ["SCHEMA_LOCK_SQL", "CatalogUnavailable", "PostgresCatalogDb", "close_pools", "is_postgres_url",
+__all__ = ["INDEX_WRITER_LOCK_SQL", "SCHEMA_LOCK_SQL", "CatalogUnavailable", "PostgresCatalogDb", "close_pools", "is_postgres_url",
            "translate"]
 
 # schema changes one process at a time: held until the transaction ends
 SCHEMA_LOCK_SQL = f"SELECT pg_advisory_xact_lock({zlib.crc32(b'layerbank schema')})"
+# writes to the key index one at a time (cache/catalog.py ``_one_index_writer``)
+INDEX_WRITER_LOCK_SQL = f"SELECT pg_advisory_xact_lock({zlib.crc32(b'layerbank key index')})"
 _TYPES = [(re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\bINTEGER\b"), "BIGINT")]
 _cache: dict[str, str] = {}
 

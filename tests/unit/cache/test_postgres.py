@@ -157,3 +157,25 @@ def test_reindex_makes_the_key_index_match_the_shard_files(pg_url: str, tmp_path
     assert got.found.tolist() == [False] * 5 + [True] * 10
     np.testing.assert_array_equal(got.data[5:], want[5:])  # the original numbers
     store.close()
+
+
+def test_shards_sharing_keys_committed_at_once_never_deadlock(pg_url: str, tmp_path: Path) -> None:
+    # two replicas' workers encoded the same texts at the same moment, in other orders
+    keys = [f"{i:064d}" for i in range(300)]
+    cats = [Catalog(tmp_path / "x.sqlite", pg_url) for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def commit(i: int) -> None:
+        order = keys if i % 2 else keys[::-1]
+        barrier.wait()
+        for round_ in range(5):
+            cats[i].commit_shard(f"job{i}-{round_:05d}.h5", "local:m", "{}", order, [5] * 300, [False] * 300,
+                                 has_tokens=False, n_bytes=1)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(commit, range(4)))  # a deadlock would raise here
+    assert cats[0].stats()["keys"] == 300
+    entries = cats[0].lookup(keys)
+    assert len(entries) == 300 and len({e.shard for e in entries.values()}) >= 1
+    for c in cats:
+        c.close()
