@@ -22,7 +22,7 @@ keep-alive connections spread over all N. The load comes from separate
 processes (so the generator's GIL is not the limit) speaking raw HTTP/1.1 on
 sockets (a few microseconds of Python per request, where http.client costs
 more than the server's cached path). It prints req/s for each N (best of
-``--rounds`` windows), N / 1 ratios (target on 2 cores: >= 1.6x with two; on
+``--rounds`` rounds, the N alternating), N / 1 ratios (target on 2 cores: >= 1.6x with two; on
 16 cores >= 0.7 efficiency at 8), and where the CPU went: the machine's
 cores and load average, the CPU seconds of the servers (with their workers),
 of PostgreSQL and of the load generator. On a small machine the generator

@@ -6,8 +6,10 @@ For each N: a fresh data directory and schema, N ``layerbank serve
 only one creates the tables), the texts stored through the first, every text
 read once through each replica (its row cache), then keep-alive connections
 spread round-robin over the replicas send cached one-text ``POST
-/v1/features`` back to back for ``rounds`` consecutive windows after a
-warm-up; the best window counts (the machine is shared).
+/v1/features`` back to back: one window per N per round after a short
+warm-up, every set of replicas up all along and the N taking turns, so that
+each N meets the shared machine's changing load; the best round of each N
+counts.
 
 The load comes from ``min(N, cores)`` spawned processes with threads, each
 connection a raw socket sending a prebuilt HTTP/1.1 request and reading the
