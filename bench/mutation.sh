@@ -25,7 +25,7 @@ MUTMUT="$ROOT/.venv/bin/mutmut"
 # test_read_tokens_many.py loads torch, 25 s: left out)
 declare -A TESTS=(
   [cache/shard.py]="tests/unit/cache/test_shard.py tests/unit/cache/test_shard_bytes.py tests/unit/cache/test_shard_damage.py"
-  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_store_layout.py tests/unit/cache/test_shard_damage.py"
+  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_store_layout.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_compact.py"
   [cache/space.py]="tests/unit/cache/test_space.py tests/unit/cache/test_disk_full_type.py"
   [cache/repair.py]="tests/unit/cache/test_repair.py"
   [cache/compact.py]="tests/unit/cache/test_compact.py tests/reliability/test_disk_full.py::test_compaction_on_a_full_disk_changes_nothing_and_runs_once_there_is_room tests/reliability/test_disk_full.py::test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_there_is_room"

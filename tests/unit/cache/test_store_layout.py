@@ -7,6 +7,7 @@ surviving in cache/store.py (docs/reliability.md, "Mutation testing")."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,52 @@ def test_an_old_catalog_learns_each_shards_poolings_from_its_file(tmp_path: Path
         assert (data / "quarantine" / "job-00001.h5").exists()
     finally:
         store.close()
+
+
+def test_a_bad_shard_name_is_refused_in_words(store: FeatureStore) -> None:
+    with pytest.raises(ValueError) as e:
+        store.write("../evil", contents(keys_of(store, "a"), 0), model="local:m", config=CFG)
+    assert str(e.value) == "bad shard name '../evil'"
+
+
+def test_a_shard_whose_commit_fails_is_removed_at_once(store: FeatureStore, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The catalog refuses the commit (a full disk, say): the written file gives its space
+    back now, not at the next start; the caller hears the catalog's own error."""
+    import sqlite3
+
+    def full(*args: object, **kw: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store.catalog, "commit_shard", full)
+    with pytest.raises(sqlite3.OperationalError, match="^database or disk is full$"):
+        store.write("job-00000", contents(keys_of(store, "a"), 0), model="local:m", config=CFG)
+    assert list(store.shard_dir.iterdir()) == []
+    # the catalog cannot even be read: the file stays for the next start, and the log says so
+    monkeypatch.setattr(store.catalog, "shard_names", full)
+    with caplog.at_level(logging.ERROR, logger="layerbank"), pytest.raises(sqlite3.OperationalError):
+        store.write("job-00001", contents(keys_of(store, "b"), 1), model="local:m", config=CFG)
+    assert [p.name for p in store.shard_dir.iterdir()] == ["job-00001.h5"]
+    assert [r.getMessage() for r in caplog.records] == ["could not remove uncommitted shard job-00001.h5"]
+
+
+def test_reading_one_shard_again_reuses_its_open_file(store: FeatureStore) -> None:
+    keys = keys_of(store, "a", "b")
+    store.write("job-00000", contents(keys, 0), model="local:m", config=CFG)
+    path = str(store.shard_dir / "job-00000.h5")
+
+    def open_handles() -> int:
+        return sum(1 for fd in os.listdir("/proc/self/fd") if _link(fd) == path)
+
+    for _ in range(5):
+        assert store.read_pooled(keys, "mean").found.all()
+    assert open_handles() == 1
+    store.close()
+    assert open_handles() == 0
+
+
+def _link(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
