@@ -81,9 +81,15 @@ def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> 
     return removed
 
 
+# an API writes a request's texts file just before it submits the job: a file this young
+# may be one whose job is not in the catalog yet (another replica's, on a shared directory)
+REQUEST_TEXTS_GRACE_S = 60.0
+
+
 def _request_texts(store: FeatureStore, queue: JobQueue, started: float) -> int:
     """Texts files of requests whose job is no longer queued or running (its API died
-    while waiting, so nobody removed the file); files newer than ``started`` are left."""
+    while waiting, so nobody removed the file); files written less than
+    ``REQUEST_TEXTS_GRACE_S`` before ``started`` are left."""
     d = requests_dir(store.root)
     if not d.is_dir():
         return 0
@@ -91,7 +97,7 @@ def _request_texts(store: FeatureStore, queue: JobQueue, started: float) -> int:
     for p in d.iterdir():
         job_id = p.name.split(".", 1)[0]
         try:
-            if p.stat().st_mtime >= started:
+            if p.stat().st_mtime >= started - REQUEST_TEXTS_GRACE_S:
                 continue
         except FileNotFoundError:
             continue

@@ -45,11 +45,15 @@ def test_a_starting_worker_removes_crash_leftovers_only(store: FeatureStore) -> 
     for job_id in (running, idle, "0123456789abcdef"):  # the last: its API died, its job is gone
         (reqs / f"{job_id}.json").write_text('["a text"]')
     (reqs / "fedcba9876543210.json.tmp").write_text('["half')
+    for p in reqs.iterdir():
+        os.utime(p, (time.time() - 600, time.time() - 600))
+    (reqs / "00112233445566ff.json").write_text('["its API writes it, then submits its job"]')
     started = time.time() + 1  # this worker started after every file above was written
 
     removed = clean_leftovers(store, q, started=started)
     assert removed == {"shard_files": 2, "head_temp_dirs": 1, "server_json": 1, "request_texts": 2}
-    assert sorted(p.name for p in reqs.iterdir()) == sorted([f"{running}.json", f"{idle}.json"])  # queued, running
+    assert sorted(p.name for p in reqs.iterdir()) == sorted(  # queued, running, just written
+        [f"{running}.json", f"{idle}.json", "00112233445566ff.json"])
     assert sorted(p.name for p in sd.iterdir()) == sorted(
         ["done-00000.h5", f"{running}-00002.h5.tmp", "compact-ab12-00000.h5.tmp"])
     assert not dead.exists() and mine.exists()
