@@ -53,9 +53,13 @@ def to_payload(root: str | os.PathLike[str], job_id: str, texts: list[str]) -> d
     d = requests_dir(root)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f"{name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(texts, f, ensure_ascii=False)
-    os.replace(tmp, d / name)  # never a half-written file under the name a worker reads
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(texts, f, ensure_ascii=False)
+        os.replace(tmp, d / name)  # never a half-written file under the name a worker reads
+    except BaseException:  # a full disk: the request gets its 507, and no half file stays
+        tmp.unlink(missing_ok=True)
+        raise
     return {"texts_file": name}
 
 

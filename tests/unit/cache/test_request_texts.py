@@ -39,3 +39,20 @@ def test_a_missing_file_or_a_path_in_the_payload_fails_with_a_message(tmp_path: 
         texts_of(tmp_path, {"texts_file": "../secret.json"})
     discard(tmp_path, {"texts_file": "../secret.json"})
     assert (tmp_path / "secret.json").exists()
+
+
+def test_a_full_disk_leaves_no_half_file_and_reads_as_storage(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import errno
+
+    from layerbank.cache import request_texts
+    from layerbank.cache.errors import failure_type
+
+    def full(obj, f, **kw):  # type: ignore[no-untyped-def]
+        f.write('["half')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(request_texts.json, "dump", full)
+    with pytest.raises(OSError) as e:
+        to_payload(tmp_path, "0123456789abcdef", ["x" * (INLINE_MAX_CHARS + 1)])
+    assert failure_type(e.value) == "storage"  # the API answers 507 (app/api/errors.py)
+    assert list(requests_dir(tmp_path).iterdir()) == []
