@@ -24,7 +24,7 @@ MUTMUT="$ROOT/.venv/bin/mutmut"
 # module -> the fast tests that guard it (each mutant runs them, so keep them under ~10 s;
 # test_read_tokens_many.py loads torch, 25 s: left out)
 declare -A TESTS=(
-  [cache/shard.py]="tests/unit/cache/test_shard.py tests/unit/cache/test_shard_bytes.py tests/unit/cache/test_shard_damage.py"
+  [cache/shard.py]="tests/unit/cache/test_shard.py tests/unit/cache/test_shard_bytes.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_space.py"
   [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_store_layout.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_compact.py"
   [cache/space.py]="tests/unit/cache/test_space.py tests/unit/cache/test_disk_full_type.py"
   [cache/repair.py]="tests/unit/cache/test_repair.py"

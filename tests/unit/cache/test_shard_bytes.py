@@ -6,6 +6,7 @@ Written for the mutants of cache/shard.py that bench/mutation.sh found surviving
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -18,8 +19,11 @@ from layerbank.cache.shard import (
     ShardContents,
     ShardReader,
     StorageRangeError,
+    TokenRows,
+    _planned_bytes,
     write_shard,
 )
+from layerbank.cache.space import ShardWriteError
 
 
 def contents(n: int, h: int, d: int, *, scale: float = 1.0) -> ShardContents:
@@ -112,3 +116,47 @@ def test_a_damaged_read_names_the_file_the_dataset_and_the_cause(tmp_path: Path)
     assert e.value.path == str(path)
     assert str(e.value).startswith(f"shard {path} is damaged: pooled/mean: OSError: ")
     assert "checksum" in str(e.value).lower() or "filter" in str(e.value).lower()
+
+
+def _with_tokens(n_texts: int, tokens_each: int) -> ShardContents:
+    rng = np.random.default_rng(1)
+    c = contents(n_texts, 4, 96)
+    c.tokens = [TokenRows(rng.standard_normal((tokens_each, 4, 96)).astype(np.float32),
+                          np.arange(tokens_each, dtype=np.int32), np.zeros((tokens_each, 2), np.int32),
+                          np.arange(tokens_each, dtype=np.int32)) for _ in range(n_texts)]
+    return c
+
+
+@pytest.mark.parametrize(("n_texts", "tokens_each"), [(1, 300), (40, 120)])
+def test_a_shard_with_tokens_is_planned_as_an_upper_bound(tmp_path: Path, n_texts: int, tokens_each: int) -> None:
+    """The disk check (cache/space.py) trusts this bound: under it, a nearly full disk
+    fails mid-write, which HDF5 does not survive."""
+    c = _with_tokens(n_texts, tokens_each)
+    real = write_shard(tmp_path / "s.h5", c, "float16")
+    planned = _planned_bytes(c, "float16")
+    assert real <= planned <= real * 1.5 + 160 * 1024, (real, planned)
+
+
+def test_a_write_that_meets_a_full_disk_says_so_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills after the check (another writer): HDF5's error becomes the one
+    full-disk error, whether the file was begun or not, with the original as its cause."""
+    def no_room(*args: object, **kw: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for where in ("File", "_dataset"):  # before the temp file exists, and half-way through it
+        with monkeypatch.context() as m:
+            m.setattr(shard_module.h5py if where == "File" else shard_module, where, no_room)
+            with pytest.raises(ShardWriteError) as e:
+                write_shard(tmp_path / "job-00000.h5", contents(3, 2, 3), "float16")
+        assert e.value.errno == errno.ENOSPC and isinstance(e.value.__cause__, OSError)
+        assert str(e.value).startswith("no space left on device while writing shard job-00000.h5: it needs about ")
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_mismatched_rows_are_refused_in_words(tmp_path: Path) -> None:
+    c = contents(3, 2, 3)
+    c.pooled["cls"] = c.pooled["mean"][:2]
+    with pytest.raises(ValueError) as e:
+        write_shard(tmp_path / "s.h5", c, "float16")
+    assert str(e.value) == "pooled/cls has 2 rows, expected 3"
