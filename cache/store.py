@@ -4,6 +4,8 @@ Directory layout under ``data_dir``::
 
     catalog.sqlite      the catalog (WAL mode; keep it on local disk), unless
                         LAYERBANK_CATALOG_URL names a PostgreSQL one (replicas)
+    catalog.postgresql  with a PostgreSQL catalog: which one (a SQLite store refuses
+                        to open the directory, so it never cleans away its shards)
     shards/*.h5         committed, write-once shards
     quarantine/*.h5     shards whose checksum failed, kept for inspection
 
@@ -31,18 +33,25 @@ from typing import Sequence
 
 import numpy as np
 
-from .catalog import Catalog, Entry
+from .catalog import Catalog, Entry, catalog_url, redacted
 from .keys import ExtractionConfig, text_key
 from .poolings import POOLING_NAMES
 from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
 from .views import View
 
-__all__ = ["FeatureStore", "ReadResult"]
+__all__ = ["POSTGRES_MARKER", "CatalogMismatch", "FeatureStore", "ReadResult"]
+
+# written by the first store opened on a PostgreSQL catalog: names the catalog (no password)
+POSTGRES_MARKER = "catalog.postgresql"
 
 log = logging.getLogger("layerbank.store")
 # cached read handles per process: an open HDF5 file costs ~0.5 MB of memory whatever
 # its size (the library's metadata cache), and serving makes many small shards
 _MAX_OPEN = 32
+
+
+class CatalogMismatch(RuntimeError):
+    """The directory's shards belong to another catalog than the one asked for."""
 
 
 class ReadResult:
@@ -72,12 +81,34 @@ class FeatureStore:
         self.quarantine_dir = self.root / "quarantine"
         for d in (self.root, self.shard_dir, self.quarantine_dir):
             d.mkdir(parents=True, exist_ok=True)
+        self._check_catalog_kind(catalog_url)
         self.catalog = Catalog(self.root / "catalog.sqlite", catalog_url)
+        if self.catalog.dialect == "postgres":
+            self._mark_postgres()
         self._record_poolings()
         self._readers: OrderedDict[str, ShardReader] = OrderedDict()
         self._lock = threading.Lock()
         if clean and self.catalog.dialect == "sqlite":
             self.clean()
+
+    # -- which catalog indexes this directory ------------------------------
+    def _check_catalog_kind(self, url: str | None) -> None:
+        """Refuse to open, on its own SQLite catalog, a directory whose shards a PostgreSQL
+        catalog indexes: its start-up clean-up would delete every shard that SQLite file
+        does not list, the replicas' shards."""
+        marker = self.root / POSTGRES_MARKER
+        if catalog_url(url) is None and marker.exists():
+            raise CatalogMismatch(
+                f"the shards in {self.root} are indexed by a PostgreSQL catalog "
+                f"({marker.read_text().strip() or 'see ' + str(marker)}); open the directory with "
+                "--catalog-url / LAYERBANK_CATALOG_URL, not with a catalog.sqlite of its own")
+
+    def _mark_postgres(self) -> None:
+        marker = self.root / POSTGRES_MARKER
+        if not marker.exists():
+            tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+            tmp.write_text(redacted(str(self.catalog.url)) + "\n")
+            os.replace(tmp, marker)
 
     # -- keys -------------------------------------------------------------
     @staticmethod

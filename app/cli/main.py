@@ -49,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_progress:
         quiet_progress()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.run(args) or 0)
+    from layerbank.cache.store import CatalogMismatch
+
+    try:
+        return int(args.run(args) or 0)
+    except CatalogMismatch as e:  # one line, not a traceback: the fix is a flag
+        print(f"layerbank: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

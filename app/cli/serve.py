@@ -179,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     data_dir = settings.data_dir.resolve()
     settings = settings.model_copy(update={"data_dir": data_dir})
     replica = settings.catalog_url is not None
+    data_dir.mkdir(parents=True, exist_ok=True)
     if replica:
         _check_postgres(settings.catalog_url)  # type: ignore[arg-type]
     # replicas share the directory: the lock and the start-up clean-up are the SQLite server's

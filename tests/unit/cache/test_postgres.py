@@ -179,3 +179,22 @@ def test_shards_sharing_keys_committed_at_once_never_deadlock(pg_url: str, tmp_p
     assert len(entries) == 300 and len({e.shard for e in entries.values()}) >= 1
     for c in cats:
         c.close()
+
+
+def test_a_directory_of_replicas_is_never_opened_on_a_sqlite_catalog(pg_url: str, tmp_path: Path) -> None:
+    # a SQLite store's start-up clean-up would delete every shard its own file does not list
+    from layerbank.cache.store import CatalogMismatch, FeatureStore
+
+    from .test_store import CFG, contents, key
+
+    store = FeatureStore(tmp_path / "data", catalog_url=pg_url)
+    k = key(store, "kept")
+    store.write("job-00000", contents([k], 0), model="local:m", config=CFG)
+    store.close()
+    assert "***" not in (tmp_path / "data" / "catalog.postgresql").read_text()  # no password to hide here
+    with pytest.raises(CatalogMismatch, match="indexed by a PostgreSQL catalog"):
+        FeatureStore(tmp_path / "data", clean=True, catalog_url="")
+    assert (tmp_path / "data" / "shards" / "job-00000.h5").exists()
+    again = FeatureStore(tmp_path / "data", catalog_url=pg_url)
+    assert again.read_pooled([k], "mean").found.all()
+    again.close()
