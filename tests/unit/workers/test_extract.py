@@ -216,3 +216,22 @@ def test_a_token_job_cuts_parts_by_a_bound_of_their_tokens(
         rows = store.read_tokens(key)
         assert rows is not None and rows.states.dtype == np.float16
         assert rows.states.shape[0] <= ex.token_bound(text, 512)  # the bound holds
+
+
+def test_token_states_past_float16_range_are_refused_not_stored_as_inf(
+        store: FeatureStore, tiny_encoder: Encoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    # token rows are cast to float16 per batch now; a value float16 cannot hold stays
+    # float32 so that the shard writer refuses it, as it does for pooled rows
+    from layerbank.cache.shard import StorageRangeError
+
+    real = tiny_encoder.encode
+
+    def huge(batch, want_tokens=False):  # type: ignore[no-untyped-def]
+        out = real(batch, want_tokens=want_tokens)
+        out.tokens[0].states[1, -1, 0] = 70_000.0
+        return out
+
+    monkeypatch.setattr(tiny_encoder, "encode", huge)
+    with pytest.raises(StorageRangeError, match="tokens/layer_2: values up to 7e"):
+        extract(["a text", "another text"], store, tiny_encoder, job_id="big", want_tokens=True)
+    assert store.catalog.stats()["keys"] == 0
