@@ -131,48 +131,9 @@ def test_tokenizing_in_slices_gives_what_one_call_gives(tiny_encoder, monkeypatc
     assert got == want
 
 
-def test_a_huge_request_travels_in_a_file_not_in_its_job_row(store, tiny_encoder) -> None:  # type: ignore[no-untyped-def]
+def test_over_http_a_huge_request_passes_its_texts_in_a_file_and_removes_it(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
     # a 30 MB job row was read whole by the API's 2 ms poll and rewritten by every lease
     # renewal; the row now names a file, which is gone once the request is answered
-    import asyncio
-    import json
-    import threading
-
-    from layerbank.app.api.batcher import Batcher
-    from layerbank.cache.request_texts import requests_dir
-
-    w = Worker(store, tiny_encoder, WorkerOptions(poll_interval_s=0.005))
-    texts = [_words(99_000, 50 + i) for i in range(11)]  # 1.09 M characters
-    seen: list[list[str]] = []
-
-    def run() -> None:
-        w.run()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        async def main() -> None:
-            b = Batcher(JobQueue(store.catalog), window_ms=1, max_pending=8, data_dir=store.root)
-            task = asyncio.create_task(b.encode(texts))
-            while not task.done():  # the file exists while its job is queued or running
-                seen.append(sorted(p.name for p in requests_dir(store.root).iterdir())
-                            if requests_dir(store.root).exists() else [])
-                await asyncio.sleep(0.01)
-            await task
-        asyncio.run(main())
-    finally:
-        w.stop()
-        t.join(30)
-    (job,) = w.queue.list(kinds=["encode"])
-    assert job.state == "succeeded" and job.result["texts_encoded"] == 11  # type: ignore[index]
-    assert "texts" not in job.payload and len(json.dumps(job.payload)) < 300, job.payload
-    assert [f"{job.id}.json"] in seen
-    assert list(requests_dir(store.root).iterdir()) == []
-    keys = [store.key(tiny_encoder.fingerprint, tiny_encoder.config, x) for x in texts]
-    assert len(store.lookup(keys)) == 11
-
-
-def test_over_http_a_huge_request_passes_its_texts_in_a_file_and_removes_it(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
     api = tiny_api_factory()
     texts = [_words(99_000, 70 + i) for i in range(11)]  # 1.09 M characters, 1.1 MB of JSON
     r = api.client.post("/v1/features", json={"texts": texts})
