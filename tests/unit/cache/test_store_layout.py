@@ -217,3 +217,76 @@ def _link(fd: str) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return ""
+
+
+def test_a_read_racing_compaction_finds_every_row_in_the_new_shard(tmp_path: Path) -> None:
+    """A reader looks keys up, compaction (another process) merges their shards and deletes
+    the files, then the reader reads: it looks the keys up again, never quarantines."""
+    from layerbank.cache.compact import compact
+
+    writer = FeatureStore(tmp_path / "data")
+    small = keys_of(writer, "s0", "s1", "s2", "s3")
+    for i in range(0, 4, 2):
+        writer.write(f"a{i}-00000", contents(small[i:i + 2], i), model="local:m", config=CFG)
+    big = keys_of(writer, *(f"b{i}" for i in range(12)))
+    writer.write("z-00000", contents(big, 9), model="local:m", config=CFG)  # too big to compact
+    order = [big[3], small[2], small[0], big[7], small[3], small[1]]
+    reader = FeatureStore(tmp_path / "data")
+    want = reader.read_pooled(order, "cls").data
+    reader.close()  # no open handles: the next read opens the files the stale lookup names
+    stale = reader.catalog.lookup(order, poolings=("cls",))
+    assert compact(writer, max_rows=10).shards_merged == 2
+    real_lookup = reader.catalog.lookup
+    calls: list[int] = []
+
+    def lookup_once_stale(keys, need_tokens=False, poolings=()):  # type: ignore[no-untyped-def]
+        calls.append(len(keys))
+        return {k: stale[k] for k in keys} if len(calls) == 1 else real_lookup(keys, need_tokens, poolings)
+
+    reader.catalog.lookup = lookup_once_stale  # type: ignore[method-assign]
+    try:
+        got = reader.read_pooled(order, "cls", layers=[1])
+        assert calls == [6, 2, 2]  # once for all, once more for each merged shard's keys
+        assert got.found.all()
+        np.testing.assert_array_equal(got.data, want[:, [1]])
+        assert reader.catalog.counter("quarantined_shards") == 0
+        assert list((tmp_path / "data" / "quarantine").iterdir()) == []
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_nothing_found_is_an_empty_block_for_any_view(store: FeatureStore) -> None:
+    from layerbank.cache.views import parse_view
+
+    missing = keys_of(store, "never", "stored")
+    res = store.read_pooled(missing, "mean")
+    assert res.found.tolist() == [False, False] and res.data.shape == (2, 0, 0)
+    view = store.read_view(missing, parse_view("concat_last_4"), "mean", 5)
+    assert view.found.tolist() == [False, False] and view.data.shape == (2, 0, 0)
+
+
+def test_an_unknown_pooling_is_named_with_the_known_ones(store: FeatureStore) -> None:
+    from layerbank.cache.poolings import POOLING_NAMES
+
+    with pytest.raises(ValueError) as e:
+        store.read_pooled(keys_of(store, "a"), "median")
+    assert str(e.value) == f"unknown pooling 'median'; known: {', '.join(POOLING_NAMES)}"
+
+
+def test_token_reads_of_a_text_stored_without_tokens_are_none_and_quarantine_nothing(store: FeatureStore) -> None:
+    from layerbank.cache.shard import TokenRows
+
+    pooled_only, with_tokens = keys_of(store, "p"), keys_of(store, "t")
+    store.write("job-00000", contents(pooled_only, 0), model="local:m", config=CFG)
+    c = contents(with_tokens, 1)
+    states = np.arange(2 * 2 * 4, dtype=np.float32).reshape(2, 2, 4)
+    c.tokens = [TokenRows(states, np.array([101, 102], np.int32), np.zeros((2, 2), np.int32),
+                          np.array([-1, -1], np.int32))]
+    store.write("job-00001", c, model="local:m", config=CFG)
+    assert store.read_tokens(pooled_only[0]) is None
+    got = store.read_tokens_many(pooled_only + with_tokens, layers=[1])
+    assert got[0] is None and got[1] is not None
+    np.testing.assert_array_equal(got[1].states, states[:, [1]])
+    assert store.catalog.counter("quarantined_shards") == 0
+    assert sorted(p.name for p in store.shard_dir.iterdir()) == ["job-00000.h5", "job-00001.h5"]
