@@ -160,3 +160,57 @@ def test_mismatched_rows_are_refused_in_words(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as e:
         write_shard(tmp_path / "s.h5", c, "float16")
     assert str(e.value) == "pooled/cls has 2 rows, expected 3"
+
+
+def test_rows_read_from_the_middle_of_a_shard_are_those_rows(tmp_path: Path) -> None:
+    c = contents(10, 2, 3)
+    write_shard(tmp_path / "s.h5", c, "float32")
+    r = ShardReader(tmp_path / "s.h5")
+    for rows in ([3, 4, 5], [5, 3, 4, 4], [1, 9]):  # dense (one block read) and sparse
+        np.testing.assert_array_equal(r.read_pooled(np.array(rows), "mean"), c.pooled["mean"][rows])
+    with pytest.raises(CorruptShardError) as e:  # a catalog row past the end is damage, in words
+        r.read_pooled(np.array([4, 10]), "mean")
+    assert str(e.value) == (f"shard {tmp_path / 's.h5'} is damaged: pooled/mean: IndexError: "
+                            "row 10 is past the 10 rows stored")
+
+
+def test_a_reader_keeps_one_open_file_and_reopens_after_close(tmp_path: Path) -> None:
+    write_shard(tmp_path / "s.h5", contents(4, 2, 3), "float16")
+    r = ShardReader(tmp_path / "s.h5")
+    r.read_pooled(np.array([0]), "mean")
+    first = r._file
+    r.read_pooled(np.array([1]), "mean")
+    assert r._file is first and first is not None and first.id.valid
+    r.close()
+    assert r._file is None and not first.id.valid  # the file itself was closed, not only forgotten
+    assert r.read_pooled(np.array([2]), "mean").shape == (1, 2, 3)
+
+
+def test_poolings_come_from_the_attribute_or_in_an_old_shard_from_the_datasets(tmp_path: Path) -> None:
+    c = contents(2, 2, 3)
+    c.pooled["max"] = c.pooled["mean"].copy()
+    write_shard(tmp_path / "s.h5", c, "float16")
+    assert ShardReader(tmp_path / "s.h5").poolings() == ("mean", "max")  # the order it was written in
+    with h5py.File(tmp_path / "s.h5", "r+") as f:
+        del f.attrs["poolings"]  # written before shards recorded it
+    assert ShardReader(tmp_path / "s.h5").poolings() == ("mean", "max")
+    (tmp_path / "bad.h5").write_bytes(b"not HDF5")
+    with pytest.raises(CorruptShardError, match=r"is damaged: open: OSError"):
+        ShardReader(tmp_path / "bad.h5").poolings()
+
+
+def test_token_layers_are_checked_against_what_the_shard_holds(tmp_path: Path) -> None:
+    c = _with_tokens(2, 3)  # 4 hidden states
+    write_shard(tmp_path / "s.h5", c, "float32")
+    r = ShardReader(tmp_path / "s.h5")
+    for layers, want in (([0], [0]), ([-4], [0]), ([-1, 3], [3, 3]), (None, [0, 1, 2, 3])):
+        got = r.read_tokens(1, layers)
+        np.testing.assert_array_equal(got.states, c.tokens[1].states[:, want])  # type: ignore[index]
+    with pytest.raises(ValueError) as e:
+        r.read_tokens(0, [])
+    assert str(e.value) == "layers must name at least one hidden state (or be None for all)"
+    for bad in (4, -5, True):
+        with pytest.raises(ValueError) as e:
+            r.read_tokens(0, [bad])
+        assert str(e.value) == (f"layer {bad!r} does not exist; this shard holds hidden states 0..3 "
+                                "(negative indices count from the last)")
