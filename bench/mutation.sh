@@ -73,7 +73,7 @@ trap 'exit 130' INT TERM
 mutmut_resumable() {  # target runner deadline (epoch seconds, 0 = none)
   local target=$1 runner=$2 deadline=$3 m idle attempt
   CURRENT=$target
-  for attempt in 1 2 3 4 5 6 7 8; do
+  for attempt in $(seq 1 20); do
     restore "$target"
     "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests --no-progress \
       >/dev/null 2>&1 &
@@ -86,7 +86,8 @@ mutmut_resumable() {  # target runner deadline (epoch seconds, 0 = none)
       fi
       if pgrep -P "$m" -f "spawn_main|runtests" >/dev/null; then idle=0; else idle=$((idle + 5)); fi
       if [ "$idle" -ge 30 ]; then
-        echo "mutmut's worker process is gone (attempt $attempt): resuming"
+        echo "mutmut's worker process is gone (attempt $attempt, at mutant $(sqlite3 .mutmut-cache \
+          "select min(id) from Mutant where status='untested'" 2>/dev/null)): resuming"
         kill_tree "$m"; break
       fi
     done
