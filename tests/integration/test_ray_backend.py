@@ -97,7 +97,7 @@ def assert_stored_once(store: FeatureStore, keys: list[str]) -> None:
 def test_ray_stores_the_same_features_as_embedded(tiny_model_dir: str, tmp_path: Path) -> None:
     texts = sst2_texts(240, seed=1)
     enc = Encoder.load(tiny_model_dir, device="cpu")
-    emb, viaray = FeatureStore(tmp_path / "emb"), FeatureStore(tmp_path / "ray")
+    emb, viaray = FeatureStore(tmp_path / "emb", catalog_url=""), FeatureStore(tmp_path / "ray")  # two catalogs
     # the same 30 texts stored beforehand in both: both backends must skip them
     for s in (emb, viaray):
         extract(texts[:30], s, enc, job_id="warm", part_size=50, max_tokens=512)
@@ -154,7 +154,7 @@ def test_actor_killed_mid_batch_still_stores_every_text_once(tiny_model_dir: str
         os.kill(pid, 0)
     assert (summary.texts_encoded, summary.shards_written) == (121, 7)
     assert_stored_once(store, summary.keys)
-    ref = FeatureStore(tmp_path / "ref")
+    ref = FeatureStore(tmp_path / "ref", catalog_url="")  # a catalog of its own, whatever the test runs on
     extract(texts, ref, enc, job_id="k1", part_size=20, max_tokens=512)
     assert_same_shards(ref, store)
 
@@ -294,7 +294,7 @@ def test_actor_killed_between_jobs_is_replaced(warm_worker: Worker, tmp_path: Pa
     assert len(set(now)) == 2 and victim not in now and survivor in now
     # rows bit-identical to the embedded backend's, shard by shard under the same part names
     store, enc = warm_worker.store, warm_worker.encoder
-    ref = FeatureStore(tmp_path / "ref")
+    ref = FeatureStore(tmp_path / "ref", catalog_url="")  # a catalog of its own, whatever the test runs on
     extract(texts, ref, enc, job_id=job_id, part_size=30, max_tokens=512)
     assert shard_files(ref) == {n for n in shard_files(store) if n.startswith(job_id + "-")}
     for name in sorted(shard_files(ref)):

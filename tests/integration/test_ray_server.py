@@ -114,7 +114,7 @@ def test_actor_killed_between_jobs_is_replaced(ray_server: ServerProcess, tiny_m
     assert replacement != victim and job_pids(s, c["job_id"]) == [replacement]
     # the server's shards for this job, byte for byte the numbers the embedded backend stores
     enc = Encoder.load(tiny_model_dir, device="cpu")
-    ref = FeatureStore(tmp_path / "ref")
+    ref = FeatureStore(tmp_path / "ref", catalog_url="")  # a catalog of its own, whatever the test runs on
     extract(texts, ref, enc, job_id=c["job_id"], part_size=30)
     served = FeatureStore(s.data_dir)
     assert shard_files(ref) == {n for n in served.catalog.shard_names() if n.startswith(c["job_id"])}

@@ -76,7 +76,7 @@ def reference(texts: list[str], model_dir: str, data_dir: Path, *, part_size: in
     from layerbank.workers.encoder import Encoder
     from layerbank.workers.extract import extract
 
-    store = FeatureStore(data_dir)
+    store = FeatureStore(data_dir, catalog_url="")  # a catalog of its own, whatever the test runs on
     enc = Encoder.load(model_dir, device="cpu")
     summary = extract(texts, store, enc, job_id="reference", part_size=part_size,
                       max_tokens=max_tokens)

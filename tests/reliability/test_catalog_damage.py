@@ -26,7 +26,8 @@ from tests.integration.conftest import ROOT, ServerProcess
 
 from .conftest import phrases
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(400)]
+# the SQLite file itself: its pages and its header (a PostgreSQL catalog: tests/unit/cache/test_postgres.py)
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(400), pytest.mark.sqlite_only]
 
 
 def _rows(server: ServerProcess, texts: list[str]) -> tuple[np.ndarray, list[bool]]:

@@ -36,7 +36,7 @@ import httpx
 import numpy as np
 import pytest
 from layerbank.app.client import JobFailed
-from layerbank.cache.catalog import Catalog
+from layerbank.cache.catalog import Catalog, catalog_url
 from layerbank.cache.compact import CompactSummary, compact
 from layerbank.cache.errors import failure_type
 from layerbank.cache.keys import ExtractionConfig
@@ -326,6 +326,7 @@ def test_compaction_on_a_full_disk_changes_nothing_and_runs_once_there_is_room(s
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.sqlite_only  # the SQLite file that cannot grow
 def test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_there_is_room(tmp_path: Path) -> None:
     """The merged shard fits (shards/ is a filesystem of its own) but the catalog's disk is full:
     the commit fails with SQLite's "database or disk is full" and the written shard is removed."""
@@ -379,11 +380,11 @@ def test_probe_and_head_jobs_at_0_bytes_free_are_507_and_run_once_there_is_room(
         labelled = server.post("/v1/datasets", json={"name": "labelled", "texts": phrases(24, 36200),
                                                      "labels": [i % 2 for i in range(24)]}).json()
         assert server.wait_job(labelled["job_id"])["state"] == "succeeded"
-        # the case that used to race: the WAL checkpointed, so its room takes the next rows
-        db = sqlite3.connect(small_tmpfs / "catalog.sqlite")
-        busy, log_frames, done = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-        db.close()
-        assert busy == 0 and log_frames == done > 0
+        if catalog_url() is None:  # SQLite: the case that used to race, the WAL checkpointed so its
+            db = sqlite3.connect(small_tmpfs / "catalog.sqlite")  # room takes the next rows
+            busy, log_frames, done = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            db.close()
+            assert busy == 0 and log_frames == done > 0
         filler = _fill_to_zero(small_tmpfs)
         before = (_state(server), [j["id"] for j in server.get("/v1/jobs").json()["data"]])
         asks = [("/v1/probes", {"dataset": labelled["id"], "cv": 2}),

@@ -46,6 +46,8 @@ def _start_worker(data_dir: Path, model: str, log: Path) -> subprocess.Popen[byt
                 "LAYERBANK_LOG_LEVEL": "INFO",
                 # the clean run is torch's; engines agree within 1e-4, not bit for bit (docs/decisions.md)
                 "LAYERBANK_ENGINE": "torch"})
+    if os.environ.get("LAYERBANK_CATALOG_URL"):  # the suite's PostgreSQL pass (tests/conftest.py)
+        env["LAYERBANK_CATALOG_URL"] = os.environ["LAYERBANK_CATALOG_URL"]
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "layerbank.app.cli.main", "worker", "--data-dir", str(data_dir)],
                                 cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
