@@ -98,6 +98,7 @@ def _app() -> FastAPI:
 
     app.mount("/sub", Router(routes=[Route("/things", sub, methods=["GET"]),
                                      Route("/things", sub, methods=["PATCH"])]))
+    app.add_route("/late", sub, methods=["PATCH"])  # a route after the mount is still seen
     return app
 
 
@@ -280,3 +281,4 @@ def test_405_looks_inside_mounted_routers_and_leaves_out_head(client: TestClient
     assert r.status_code == 405 and r.headers["allow"] == "GET, PATCH"
     assert r.json()["error"] == "method PUT is not allowed on /sub/things; allowed: GET, PATCH"
     assert client.put("/elsewhere").headers["allow"] == "DELETE"
+    assert client.put("/late").headers["allow"] == "PATCH"
