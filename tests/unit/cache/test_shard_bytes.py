@@ -214,3 +214,33 @@ def test_token_layers_are_checked_against_what_the_shard_holds(tmp_path: Path) -
             r.read_tokens(0, [bad])
         assert str(e.value) == (f"layer {bad!r} does not exist; this shard holds hidden states 0..3 "
                                 "(negative indices count from the last)")
+
+
+def test_token_rows_read_together_are_each_rows_own_tokens(tmp_path: Path) -> None:
+    """Rows closer than a chunk are read as one range and cut apart again; rows far apart
+    are separate ranges (cache/shard.py ``_runs``): either way each row gets its own tokens."""
+    rng = np.random.default_rng(3)
+    lengths = [int(x) for x in rng.integers(1, 200, size=40)]
+    c = contents(40, 4, 96)
+    c.tokens = [TokenRows(rng.standard_normal((n, 4, 96)).astype(np.float32), rng.integers(0, 30000, n).astype(np.int32),
+                          rng.integers(0, 500, (n, 2)).astype(np.int32), rng.integers(-1, 50, n).astype(np.int32))
+                for n in lengths]
+    write_shard(tmp_path / "s.h5", c, "float32")
+    r = ShardReader(tmp_path / "s.h5")
+    rows = [31, 0, 1, 5, 30, 39, 5, 2, 17]
+    for layers in (None, [2, 0]):
+        got = r.read_tokens_many(rows, layers)
+        want_layers = [0, 1, 2, 3] if layers is None else layers
+        assert len(got) == len(rows)
+        for row, t in zip(rows, got):
+            want = c.tokens[row]
+            np.testing.assert_array_equal(t.states, want.states[:, want_layers])
+            np.testing.assert_array_equal(t.ids, want.ids)
+            np.testing.assert_array_equal(t.char_spans, want.char_spans)
+            np.testing.assert_array_equal(t.word_ids, want.word_ids)
+    assert r.read_tokens_many([], None) == []
+    with pytest.raises(CorruptShardError) as e:
+        r.read_tokens_many([40])
+    assert str(e.value) == f"shard {tmp_path / 's.h5'} is damaged: row 40 is past the token offsets"
+    with pytest.raises(CorruptShardError):  # a negative row (a mangled catalog) is damage too
+        r.read_tokens_many([3, -1])
