@@ -35,7 +35,7 @@ def test_a_new_data_directory_has_the_documented_layout(tmp_path: Path) -> None:
     store = FeatureStore(data)
     try:
         store.write("job-00000", contents(keys_of(store, "a", "b"), 0), model="local:m", config=CFG)
-        assert sorted(p.name for p in data.iterdir() if not p.name.startswith("catalog.sqlite")) == \
+        assert sorted(p.name for p in data.iterdir() if not p.name.startswith("catalog.")) == \
             ["quarantine", "shards"]
         assert [p.name for p in (data / "shards").iterdir()] == ["job-00000.h5"]
         assert list((data / "quarantine").iterdir()) == []
