@@ -370,6 +370,7 @@ def test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_ther
 # are refused up front (507, nothing queued) below 1 MiB free (app/probes/service.py
 # MIN_FREE_BYTES), rather than accepted or refused by a race.
 
+@pytest.mark.sqlite_only  # the race it closes is one for room in SQLite's WAL
 @pytest.mark.timeout(300)
 def test_probe_and_head_jobs_at_0_bytes_free_are_507_and_run_once_there_is_room(
         small_tmpfs: Path, tiny_model_dir: str) -> None:
