@@ -155,7 +155,7 @@ def test_a_write_that_meets_a_full_disk_says_so_and_leaves_nothing(
 
 
 def test_mismatched_rows_are_refused_in_words(tmp_path: Path) -> None:
-    c = contents(3, 2, 3)
+    c = contents(3, 4, 5)
     c.pooled["cls"] = c.pooled["mean"][:2]
     with pytest.raises(ValueError) as e:
         write_shard(tmp_path / "s.h5", c, "float16")
