@@ -1,7 +1,7 @@
 """Token probe: which layer (or view) of a frozen encoder tags words best.
 
 ``run_token_probe(train, valid, views=...)`` fits one linear head per word
-(NoiseAwareScaler + multinomial LogisticRegression) for each view on the
+(noise-aware standardisation + multinomial LogisticRegression) for each view on the
 training words' states and scores it on the validation words:
 
 - entity precision / recall / F1 (exact spans, CoNLL semantics, see
@@ -58,10 +58,12 @@ The result is JSON-serializable::
      "n_uncovered": {...}, "n_hidden_states": H, "hidden_size": d,
      "warnings": ["layer:0: the tagger stopped at max_iter (200, grown to 800) before converging", ...], ...}
 
-Features are standardised with ``NoiseAwareScaler`` (dimensions whose
-spread is below one float16 step, i.e. stored rounding noise, are left out;
-the row's ``dropped_dims`` counts them): plain standardisation scaled that
-noise to unit variance and cost 0.7 F1 on MiniLM's ``layer:-1``.
+Features are standardised once per view, in place, by the training rows
+(``Standardizer.transform_in_place``: dimensions whose spread is below one
+float16 step, i.e. stored rounding noise, are set to 0 and so get no
+weight; the row's ``dropped_dims`` counts them): plain standardisation
+scaled that noise to unit variance and cost 0.7 F1 on MiniLM's
+``layer:-1``. The tagger and the control head share those rows.
 
 The iteration budget adapts: a tagger that stops at ``max_iter`` is fitted
 on, warm-started, with the budget doubled, up to ``ITER_GROWTH`` times
