@@ -244,3 +244,40 @@ def test_token_rows_read_together_are_each_rows_own_tokens(tmp_path: Path) -> No
     assert str(e.value) == f"shard {tmp_path / 's.h5'} is damaged: row 40 is past the token offsets"
     with pytest.raises(CorruptShardError):  # a negative row (a mangled catalog) is damage too
         r.read_tokens_many([3, -1])
+
+
+def _flip_chunk(path: Path, dataset: str) -> None:
+    with h5py.File(path, "r") as f:
+        off = f[dataset].id.get_chunk_info(0).byte_offset
+    with open(path, "r+b") as fh:
+        fh.seek(off + 1)
+        fh.write(b"\xde\xad\xbe\xef")
+
+
+@pytest.mark.parametrize(("dataset", "read", "what"), [
+    ("keys", lambda r: r.read_keys(), "keys"),
+    ("tokens/offsets", lambda r: r.read_tokens(0), "tokens"),
+    ("tokens/layer_1", lambda r: r.read_tokens(0, [1]), "tokens"),
+])
+def test_a_damaged_read_names_what_it_was_reading(tmp_path: Path, dataset: str, read, what: str) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "s.h5"
+    write_shard(path, _with_tokens(3, 5), "float32")
+    _flip_chunk(path, dataset)
+    with pytest.raises(CorruptShardError) as e:
+        read(ShardReader(path))
+    assert str(e.value).startswith(f"shard {path} is damaged: {what}: OSError: ")
+
+
+def test_token_reads_of_a_shard_without_tokens_say_so(tmp_path: Path) -> None:
+    write_shard(tmp_path / "s.h5", contents(2, 2, 3), "float16")
+    with pytest.raises(CorruptShardError) as e:
+        ShardReader(tmp_path / "s.h5").read_tokens(0)
+    assert str(e.value).startswith(f"shard {tmp_path / 's.h5'} is damaged: no token-level states: KeyError: ")
+
+
+def test_token_state_overflow_names_the_layer(tmp_path: Path) -> None:
+    c = _with_tokens(2, 3)
+    c.tokens[1].states[0, 2, 5] = -99_999.0  # type: ignore[index]
+    with pytest.raises(StorageRangeError) as e:
+        write_shard(tmp_path / "s.h5", c, "float16")
+    assert str(e.value).startswith("tokens/layer_2: values up to 1e+05 overflow float16 (max 65504); ")
