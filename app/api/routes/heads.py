@@ -161,7 +161,7 @@ def _get(service: ProbeService, head_id: str) -> HeadRecord:
     return rec
 
 
-@router.post("/heads", status_code=202, responses={**_ERRORS, 202: {"description": "head job queued"}},
+@router.post("/heads", status_code=202, responses={**_ERRORS, **error_responses(507), 202: {"description": "head job queued"}},
              dependencies=[Depends(require_json)], summary="Fit and keep a head on a dataset")
 async def create_head(req: HeadCreate, state: AppState = Depends(get_state),
                       service: ProbeService = Depends(get_service)) -> Response:

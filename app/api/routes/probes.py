@@ -89,7 +89,7 @@ def _probe_job(state: AppState, probe_id: str) -> Job:
     return find_job(state, probe_id, kind="probe", noun="probe")
 
 
-@router.post("/probes", status_code=202, responses={**_ERRORS, 202: {"description": "probe queued"}},
+@router.post("/probes", status_code=202, responses={**_ERRORS, **error_responses(507), 202: {"description": "probe queued"}},
              dependencies=[Depends(require_json)], summary="Probe a dataset: which layer, which pooling")
 async def create_probe(req: ProbeCreate, state: AppState = Depends(get_state),
                        service: ProbeService = Depends(get_service)) -> Response:
