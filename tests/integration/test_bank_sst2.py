@@ -86,6 +86,7 @@ def test_bank_features_and_probe_equal_the_cli(tmp_path: Path) -> None:
     assert result["best"]["accuracy"] >= result["task"]["chance_accuracy"] + 0.15
 
 
+@pytest.mark.sqlite_only  # the data directory's lock; beside a PostgreSQL catalog a Bank is one more replica
 def test_bank_refuses_a_served_directory_and_reads_through_its_url(
         server_factory: Any, tmp_path: Path) -> None:
     from layerbank import Bank, LayerFeatures

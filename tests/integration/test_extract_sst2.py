@@ -47,6 +47,8 @@ TEXTS = sample()
 def layerbank(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
     env.update(LAYERBANK_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if os.environ.get("LAYERBANK_CATALOG_URL"):  # the suite's PostgreSQL pass (tests/conftest.py)
+        env["LAYERBANK_CATALOG_URL"] = os.environ["LAYERBANK_CATALOG_URL"]
     return subprocess.run([str(LAYERBANK), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
 
@@ -198,6 +200,7 @@ def test_a_non_utf8_file_names_the_line(tmp_path: Path) -> None:
     assert not (tmp_path / "layerbank-data").exists()  # refused before touching the store
 
 
+@pytest.mark.sqlite_only  # reads catalog.sqlite with plain sqlite3, as docs/storage.md shows
 def test_tokens_are_stored_and_readable_with_plain_h5py(first_run, workdir: Path, reference) -> None:  # type: ignore[no-untyped-def]
     data = workdir / "layerbank-data"
     keys = stored_keys()
@@ -223,6 +226,7 @@ def test_tokens_are_stored_and_readable_with_plain_h5py(first_run, workdir: Path
             assert "".join(text[s:e] for s, e in spans) == text.replace(" ", "")
 
 
+@pytest.mark.sqlite_only  # the example opens catalog.sqlite with plain sqlite3
 def test_the_plain_h5py_example_in_docs_storage_md_runs(first_run, workdir: Path, reference) -> None:  # type: ignore[no-untyped-def]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.DOTALL)

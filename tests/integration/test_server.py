@@ -313,6 +313,7 @@ def test_the_openai_route_answers_errors_in_openai_shape(layerbank_server: Serve
     assert err["message"].startswith("input") and err["type"] == "invalid_request_error"
 
 
+@pytest.mark.sqlite_only  # the data directory's lock; on a PostgreSQL catalog a second server is a replica
 def test_a_second_server_on_the_same_directory_is_refused(layerbank_server: ServerProcess) -> None:
     r = subprocess.run([sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir",
                         str(layerbank_server.data_dir), "--port", "0"], cwd=ROOT, capture_output=True,
