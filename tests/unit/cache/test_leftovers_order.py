@@ -14,7 +14,7 @@ import time
 
 import pytest
 from layerbank.cache.jobs import JobQueue
-from layerbank.cache.leftovers import REQUEST_TEXTS_GRACE_S, clean_leftovers
+from layerbank.cache.leftovers import clean_leftovers
 from layerbank.cache.request_texts import requests_dir
 from layerbank.cache.store import FeatureStore
 
@@ -45,6 +45,7 @@ def test_every_leftover_is_judged_on_its_own_and_counted(store: FeatureStore,
         (sd / name).write_bytes(b"x")
         if fate != "new":
             _age(sd / name, 600)
+    _age(sd / "0000-00000.h5", 600)  # committed long ago: judged, and kept
     heads = store.root / "heads"
     heads.mkdir()
     for i in range(2):
@@ -66,21 +67,22 @@ def test_request_texts_past_the_grace_go_and_the_rest_stay_in_any_order(store: F
     q = JobQueue(store.catalog)
     reqs = requests_dir(store.root)
     reqs.mkdir()
-    started = time.time()
+    started, grace = time.time(), 60.0  # docs/decisions.md: more than 60 s older than the worker
     old = [f"{i:016x}.json" for i in range(6)]            # their jobs are gone
     fresh = [f"{i + 100:016x}.json" for i in range(6)]    # within the grace: an API may be submitting
     for name in old:
         (reqs / name).write_text("[]")
-        os.utime(reqs / name, (started - REQUEST_TEXTS_GRACE_S - 0.5,) * 2)
+        os.utime(reqs / name, (started - grace - 0.5,) * 2)
     for name in fresh:
         (reqs / name).write_text("[]")
-        os.utime(reqs / name, (started - REQUEST_TEXTS_GRACE_S + 5,) * 2)
-    live = q.submit("extract", {})
-    (reqs / f"{live}.json").write_text("[]")
-    _age(reqs / f"{live}.json", 600)
+        os.utime(reqs / name, (started - grace + 5,) * 2)
+    live = [f"{q.submit('extract', {})}.json" for _ in range(6)]  # queued: their texts are still needed
+    for name in live:
+        (reqs / name).write_text("[]")
+        _age(reqs / name, 600)
     removed = clean_leftovers(store, q, started=started)
     assert removed["request_texts"] == 6
-    assert sorted(p.name for p in reqs.iterdir()) == sorted(fresh + [f"{live}.json"])
+    assert sorted(p.name for p in reqs.iterdir()) == sorted(fresh + live)
 
 
 def test_nothing_to_clean_counts_nothing(store: FeatureStore) -> None:
