@@ -70,16 +70,11 @@ def test_request_texts_past_the_grace_go_and_the_rest_stay_in_any_order(store: F
     started, grace = time.time(), 60.0  # docs/decisions.md: more than 60 s older than the worker
     old = [f"{i:016x}.json" for i in range(6)]            # their jobs are gone
     fresh = [f"{i + 100:016x}.json" for i in range(6)]    # within the grace: an API may be submitting
-    for name in old:
-        (reqs / name).write_text("[]")
-        os.utime(reqs / name, (started - grace - 0.5,) * 2)
-    for name in fresh:
-        (reqs / name).write_text("[]")
-        os.utime(reqs / name, (started - grace + 5,) * 2)
     live = [f"{q.submit('extract', {})}.json" for _ in range(6)]  # queued: their texts are still needed
-    for name in live:
-        (reqs / name).write_text("[]")
-        _age(reqs / name, 600)
+    for i in range(6):  # written interleaved, so a directory listing mixes them in any order
+        for name, age in ((old[i], grace + 0.5), (live[i], 600), (fresh[i], grace - 5)):
+            (reqs / name).write_text("[]")
+            os.utime(reqs / name, (started - age,) * 2)
     removed = clean_leftovers(store, q, started=started)
     assert removed["request_texts"] == 6
     assert sorted(p.name for p in reqs.iterdir()) == sorted(fresh + live)
