@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from pathlib import Path
 
 from .jobs import JobQueue, pid_alive
 from .request_texts import requests_dir

@@ -45,7 +45,7 @@ import numpy as np
 from layerbank.app.probes.heads import save_head
 from layerbank.app.probes.heads_store import HeadStore
 from layerbank.app.probes.sentence_probe import probe_sentences
-from layerbank.app.probes.sweep import ProbeInputError, fit_head
+from layerbank.app.probes.sweep import fit_head
 from layerbank.app.probes.options import ProbeOptions
 from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
 from layerbank.app.probes.spans import is_bio_tag

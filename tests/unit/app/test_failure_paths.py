@@ -12,7 +12,6 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from layerbank.cache.catalog import Catalog
-from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardContents, write_shard
 
 

@@ -16,7 +16,6 @@ from layerbank.cache.jobs import JobQueue
 from layerbank.cache.repair import check_catalog, repair_catalog
 from layerbank.cache.store import FeatureStore
 
-from .test_shard_damage import flip_chunk
 from .test_store import CFG, contents, key
 
 # the SQLite file itself: its pages, its header; a PostgreSQL catalog is repaired by PostgreSQL
