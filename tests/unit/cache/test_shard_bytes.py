@@ -281,3 +281,81 @@ def test_token_state_overflow_names_the_layer(tmp_path: Path) -> None:
     with pytest.raises(StorageRangeError) as e:
         write_shard(tmp_path / "s.h5", c, "float16")
     assert str(e.value).startswith("tokens/layer_2: values up to 1e+05 overflow float16 (max 65504); ")
+
+
+def test_damage_met_while_listing_poolings_or_verifying_names_that_read(tmp_path: Path) -> None:
+    from .test_shard_damage import flip_header
+
+    old = tmp_path / "old.h5"  # written before shards recorded their poolings: the group is read
+    write_shard(old, contents(3, 2, 3), "float16")
+    with h5py.File(old, "r+") as f:
+        del f.attrs["poolings"]
+    flip_header(old, "pooled")
+    with pytest.raises(CorruptShardError) as e:
+        ShardReader(old).poolings()
+    assert str(e.value) == (f"shard {old} is damaged: poolings: KeyError: "
+                            "'Unable to synchronously open object (bad object header version number)'")
+
+    chunk = tmp_path / "chunk.h5"  # a checksum fails in one dataset: verify names the dataset
+    write_shard(chunk, contents(3, 2, 3), "float16")
+    _flip_chunk(chunk, "pooled/mean")
+    with pytest.raises(CorruptShardError) as e:
+        ShardReader(chunk).verify()
+    assert str(e.value).startswith(f"shard {chunk} is damaged: pooled/mean: OSError: ")
+
+    header = tmp_path / "header.h5"  # an object that cannot be opened: the walk itself fails
+    write_shard(header, contents(3, 2, 3), "float16")
+    flip_header(header, "keys")
+    with pytest.raises(CorruptShardError) as e:
+        ShardReader(header).verify()
+    assert str(e.value) == (f"shard {header} is damaged: structure: RuntimeError: "
+                            "Object visitation failed (bad object header version number)")
+
+
+def test_closing_twice_is_harmless(tmp_path: Path) -> None:
+    write_shard(tmp_path / "s.h5", contents(2, 2, 3), "float16")
+    r = ShardReader(tmp_path / "s.h5")
+    r.close()  # never opened
+    r.read_pooled(np.array([0]), "mean")
+    r.close()
+    r.close()
+    assert r._file is None
+
+
+def test_a_forked_child_leaves_the_parents_file_alone_and_opens_its_own(tmp_path: Path) -> None:
+    """HDF5 handles must not cross a fork: close() in the child forgets the inherited
+    handle without closing it, the child's next read opens its own file, and the
+    parent's handle still reads afterwards."""
+    import json
+
+    c = contents(4, 2, 3)
+    write_shard(tmp_path / "s.h5", c, "float32")
+    r = ShardReader(tmp_path / "s.h5")
+    want = r.read_pooled(np.array([3, 1]), "mean")
+    inherited = r._file
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's exit handlers
+        status = 1
+        try:
+            os.close(read_end)
+            r.close()
+            report = {"forgotten": r._file is None, "inherited_still_open": bool(inherited.id.valid)}
+            got = r.read_pooled(np.array([3, 1]), "mean")
+            report.update(same_rows=bool(np.array_equal(got, want)), own_file=r._file is not inherited,
+                          owner_is_child=r._pid == os.getpid())
+            r.close()
+            report["own_file_closed"] = r._file is None
+            os.write(write_end, json.dumps(report).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        report = json.loads(fh.read() or b"{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report == {"forgotten": True, "inherited_still_open": True, "same_rows": True,
+                      "own_file": True, "owner_is_child": True, "own_file_closed": True}
+    assert r._file is inherited and inherited.id.valid  # the parent's handle, untouched
+    np.testing.assert_array_equal(r.read_pooled(np.array([3, 1]), "mean"), want)
