@@ -39,7 +39,6 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import shutil
 import socket
 import threading
 import uuid
@@ -63,10 +62,6 @@ JOB_KINDS = ("probe", "head")
 _IDLE_POLL_S = 0.25  # how often a free slot looks for queued jobs
 _CHILD_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _LOADED_HEADS = 16
-# Probe and head jobs are refused (507) below this many free bytes in the data directory:
-# a head writes files there, and a probe's rows go to the catalog beside them, whose WAL
-# room at 0 bytes free is shared with every heartbeat: a race, not something to promise.
-MIN_FREE_BYTES = 1 << 20
 
 
 def _init_child() -> None:
@@ -139,17 +134,11 @@ class ProbeService:
     def check_room(self) -> None:
         """429 (Overloaded) when ``max_queue_depth`` probe/head jobs already wait: a
         client submitting faster than the pool fits heads must hear it, not grow a backlog.
-        507 (InsufficientStorage) when the data directory has under ``MIN_FREE_BYTES`` free."""
-        from layerbank.app.api.errors import InsufficientStorage, Overloaded
+        507 (InsufficientStorage) when the data directory's disk is full (app/api/disk_room.py)."""
+        from layerbank.app.api.disk_room import require_free_disk
+        from layerbank.app.api.errors import Overloaded
 
-        try:
-            free: int | None = shutil.disk_usage(self.settings.data_dir).free
-        except OSError:  # cannot tell: the writes themselves report a full disk (507)
-            free = None
-        if free is not None and free < MIN_FREE_BYTES:
-            raise InsufficientStorage(f"the disk holding the data directory is full ({free:,} bytes free; "
-                                      "probe and head jobs need at least 1 MiB); nothing was queued; "
-                                      "free some space and send the request again")
+        require_free_disk(self.settings.data_dir, "probe and head jobs", "nothing was queued")
         limit = self.settings.max_queue_depth
         if self.queue.queued(JOB_KINDS) >= limit:
             raise Overloaded(f"overloaded: {limit} probe and head jobs are already queued "

@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import logging
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -38,12 +37,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from layerbank.app.api.deps import AppState, get_state
-from layerbank.app.api.errors import (Conflict, InsufficientStorage, InvalidInput, NotFound, Overloaded, TooLarge,
-                                     UnsupportedMediaType)
+from layerbank.app.api.errors import Conflict, InvalidInput, NotFound, Overloaded, TooLarge, UnsupportedMediaType
 from layerbank.app.inputs import InputError, parse_texts
 from layerbank.app.api.routes.features import check_pooling, check_texts, json_response, strict_view
 from layerbank.app.api.served_models import ensure_model
-from layerbank.app.probes.service import MIN_FREE_BYTES
+from layerbank.app.api.disk_room import require_free_disk
 from layerbank.app.api.schemas import (
     DatasetDeleted,
     DatasetList,
@@ -201,20 +199,6 @@ def _check_unicode(field: str, values: list[Any]) -> None:
                                    field=f"{field}.{i}") from None
 
 
-def _check_disk(state: AppState) -> None:
-    """507 before anything is registered when the data directory's disk is full: the
-    extraction could only fail. (On SQLite the catalog's own insert would fail too; on a
-    PostgreSQL catalog it would succeed and queue a job bound to fail.)"""
-    try:
-        free: int | None = shutil.disk_usage(state.settings.data_dir).free
-    except OSError:  # cannot tell: the writes themselves report a full disk (507)
-        free = None
-    if free is not None and free < MIN_FREE_BYTES:
-        raise InsufficientStorage(f"the disk holding the data directory is full ({free:,} bytes free; a "
-                                  "dataset's extraction needs at least 1 MiB); nothing was registered; "
-                                  "free some space and send the request again")
-
-
 @router.post("/datasets", status_code=202, response_model=DatasetOut,
              responses={**_ERRORS, 202: {"description": "dataset registered; its extraction "
                                          "job is queued"}},
@@ -248,7 +232,8 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
     name = items["name"]
     if any(ord(c) < 32 for c in name):
         raise InvalidInput("name: control characters are not allowed", field="name")
-    _check_disk(state)
+    # a PostgreSQL catalog would take the rows while the shards cannot be written
+    require_free_disk(s.data_dir, "dataset extractions", "nothing was registered")
     if state.queue.queued(["extract"]) >= s.max_queue_depth:
         raise Overloaded(f"overloaded: {s.max_queue_depth} dataset extractions are already queued "
                          "(max_queue_depth); retry when one has started", limit="max_queue_depth",
