@@ -34,7 +34,7 @@ declare -A TESTS=(
   [cache/leftovers.py]="tests/unit/cache/test_leftovers_order.py tests/unit/cache/test_leftovers.py::test_a_starting_worker_removes_crash_leftovers_only tests/unit/cache/test_leftovers.py::test_files_newer_than_the_worker_are_left_alone"
   [cache/views.py]="tests/unit/cache/test_views.py"
   [app/api/origin.py]="tests/unit/app/test_origin_guard_asgi.py tests/unit/app/test_origin_guard.py::test_loopback_names tests/unit/app/test_origin_guard.py::test_the_listen_host_is_allowed_unless_it_is_a_wildcard"
-  [app/api/catalog_health.py]="tests/unit/app/test_failure_paths.py tests/unit/cache/test_repair.py"
+  [app/api/catalog_health.py]="tests/unit/app/test_catalog_health.py"
 )
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(cache/space.py cache/leftovers.py cache/repair.py app/api/origin.py
