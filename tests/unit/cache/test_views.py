@@ -193,3 +193,89 @@ def test_layers_in_range_resolve_and_others_are_named(ks: list[int], n: int) -> 
         with pytest.raises(ViewError, match=f"layer {bad} does not exist; this model has "
                                             f"hidden states 0..{n - 1}"):
             view.needed_layers(n)
+
+
+# -- the exact words a user reads (mutation testing: bench/mutation.sh cache/views.py) --
+GRAMMAR = "layer:K, layers:I,J,..., concat_last_4, sum_last_4, mean_all, weighted:W0,...,WL or all_layers"
+
+
+def test_an_unknown_view_is_answered_with_the_whole_grammar_on_the_view_field() -> None:
+    with pytest.raises(ViewError) as e:
+        parse_view("last_layer")
+    assert str(e.value) == f"unknown view 'last_layer'; expected {GRAMMAR}"
+    assert e.value.field == "view"  # the 422 body's "field"
+
+
+def test_a_missing_layer_is_named_with_the_negative_range_too() -> None:
+    with pytest.raises(ViewError) as e:
+        parse_view("layers:1,-8").needed_layers(7)
+    assert str(e.value) == "layer -8 does not exist; this model has hidden states 0..6 (negative indices -1..-7 count from the last)"
+
+
+@pytest.mark.parametrize(("form", "what"), [("layers", "layers"), ("weighted", "weights")])
+def test_a_view_names_at_most_256_layers_or_weights(form: str, what: str) -> None:
+    ok = parse_view(f"{form}:" + ",".join(["0"] * 256))
+    assert len(ok.layers or ok.weights) == 256
+    spec = f"{form}:" + ",".join(["0"] * 257)
+    with pytest.raises(ViewError) as e:
+        parse_view(spec)
+    assert str(e.value) == f"view {spec[:40]!r}...: 257 {what}; a view names at most 256"
+
+
+def test_views_are_values() -> None:
+    # equal text, equal view: usable as a dict key or in a set, and never changed in place
+    assert {parse_view("mean_all"): 1, parse_view(" mean_all"): 2} == {parse_view("mean_all"): 2}
+    with pytest.raises(AttributeError):
+        parse_view("layer:-2").layers = (0,)  # type: ignore[misc]
+
+
+TOO_LARGE = ("these weights make values too large for float32 (their absolute values must sum to at most "
+             "5.19e+33, so that any value a float16 shard holds stays finite); use smaller weights "
+             "(e.g. ones that sum to 1)")
+LONG_WEIGHTS = "weighted:" + ",".join(["1e33"] * 12)  # 69 characters: shown cut to 60
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("layer:", "view 'layer:': expected comma-separated layer numbers"),
+    ("layers: ", "view 'layers:': expected comma-separated layer numbers"),
+    ("layers:1,,2", "view 'layers:1,,2': expected comma-separated layer numbers"),
+    ("layer:1,2", "view 'layer:1,2': layer: takes one layer; use layers:I,J"),
+    ("layers:1.5", "view 'layers:1.5': layer numbers must be integers"),
+    ("weighted:", "view 'weighted:': expected comma-separated weights"),
+    ("weighted:1,,2", "view 'weighted:1,,2': expected comma-separated weights"),
+    ("weighted:1,x", "view 'weighted:1,x': weights must be numbers"),
+    ("weighted:1,nan", "view 'weighted:1,nan': weights must be finite numbers, got nan"),
+    ("weighted:-inf,2", "view 'weighted:-inf,2': weights must be finite numbers, got -inf"),
+    ("weighted:3e33,-3e33", f"view 'weighted:3e33,-3e33': {TOO_LARGE}"),
+    (LONG_WEIGHTS, f"view {LONG_WEIGHTS[:60]!r}: {TOO_LARGE}"),
+    ("layers:" + ",".join(["0"] * 1000), "view 'layers:0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0'...: 1,000 layers; "
+                                         "a view names at most 256"),
+])
+def test_malformed_views_say_exactly_why(spec: str, message: str) -> None:
+    with pytest.raises(ViewError) as e:
+        parse_view(spec)
+    assert str(e.value) == message
+
+
+def test_a_non_string_view_says_what_a_view_looks_like() -> None:
+    with pytest.raises(ViewError) as e:
+        parse_view(None)  # type: ignore[arg-type]
+    assert str(e.value) == "a view must be a string such as 'layer:-2'"
+
+
+def test_weights_summing_to_exactly_the_bound_are_taken() -> None:
+    from layerbank.cache.views import _MAX_WEIGHT_SUM
+
+    assert parse_view(f"weighted:{_MAX_WEIGHT_SUM!r}").weights == (_MAX_WEIGHT_SUM,)
+
+
+def test_a_weighted_sum_that_leaves_float32_is_refused_not_served_as_inf() -> None:
+    # weights past the parse-time bound can only come from a View built in code
+    view = View("weighted:big", "weighted", weights=(1e38, 1e38))
+    with pytest.raises(ViewError) as e:
+        view.combine(np.full((1, 2, 3), 10.0, np.float32), 2)
+    assert str(e.value) == ("view 'weighted:big': these weights make values too large for float32; "
+                            "use smaller weights (e.g. ones that sum to 1)")
+    # rows that already hold inf give inf: stored values are served as they are
+    out = view.combine(np.array([[[np.inf, 1.0], [0.0, 0.0]]], np.float32), 2)
+    assert out[0, 0] == np.inf and out.dtype == np.float32
