@@ -184,3 +184,16 @@ def test_what_a_cross_site_page_cannot_send_passes_without_an_origin(headers: di
 def test_headers_other_than_the_five_read_change_nothing() -> None:
     reached(method="POST", headers={b"content-type": b"application/json", b"x-origin": b"http://evil.example",
                                     b"referer": b"http://evil.example/"})
+
+
+def test_without_a_host_header_nothing_passes_even_with_the_wildcard() -> None:
+    # `*` lets any name through, but the Origin check compares against the Host: none, no request
+    refused(f"host '' {HOST_WORDS}", host=None, allowed=None)
+    reached(host=b"anything.example", allowed=None)
+
+
+def test_an_empty_listen_host_is_a_wildcard_bind_and_adds_no_name() -> None:
+    from layerbank.app.api.origin import allowed_host_names
+
+    assert allowed_host_names("", "") == frozenset()
+    assert allowed_host_names(" [::] ", " Box.Example. ,, [FD00::1]") == {"box.example", "fd00::1"}
