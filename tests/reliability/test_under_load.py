@@ -4,6 +4,7 @@ busy processes: they wait for states (a committed shard; a queue with room after
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,11 +20,12 @@ FLAKY_BEFORE = [
 ]
 
 
-def test_the_load_sensitive_tests_pass_beside_two_busy_processes() -> None:
+def test_the_load_sensitive_tests_pass_beside_two_busy_processes(catalog_backend: str) -> None:
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    env = {**os.environ, "LAYERBANK_TEST_CATALOGS": catalog_backend}  # this pass's backend only
     try:
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FLAKY_BEFORE],
-                           cwd=ROOT, capture_output=True, text=True, timeout=840)
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     finally:
         for b in burners:
             b.kill()
