@@ -66,8 +66,8 @@ def test_a_damaged_catalog_is_503_naming_repair_and_marks_the_state_once(kind: s
         assert _answer(c.get(f"/raise/{kind}")) == (
             503, {"error": f"the catalog is damaged ({reason}); {HINT}", "type": "not_ready"}, None)
     assert state.catalog_problem == reason  # /ready answers 503 with it from now on
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("ERROR", f"the catalog is damaged ({reason}); {HINT}")]  # once, not once a request
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("layerbank.api", "ERROR", f"the catalog is damaged ({reason}); {HINT}")]  # once, not once a request
 
 
 def test_damage_on_an_app_without_a_state_is_still_503() -> None:
@@ -96,7 +96,8 @@ def test_an_unreachable_postgresql_catalog_is_503_with_its_reason(caplog) -> Non
     assert _answer(_client(state).get("/raise/postgres")) == (
         503, {"error": f"{reason}; nothing was changed; retry shortly", "type": "not_ready"}, "2")
     assert state.catalog_problem is None
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("ERROR", f"GET /raise/postgres: {reason}")]
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("layerbank.api", "ERROR", f"GET /raise/postgres: {reason}")]
 
 
 @pytest.mark.parametrize(("kind", "reason"), [("full", "database or disk is full"),
@@ -106,8 +107,8 @@ def test_a_full_disk_is_507(kind: str, reason: str, caplog) -> None:  # type: ig
     assert _answer(_client(SimpleNamespace(catalog_problem=None)).get(f"/raise/{kind}")) == (
         507, {"error": f"the disk holding the data directory is full ({reason}); nothing was changed; free some "
                        "space and send the request again", "type": "insufficient_storage"}, None)
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("ERROR", f"GET /raise/{kind}: the disk is full: {reason}")]
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("layerbank.api", "ERROR", f"GET /raise/{kind}: the disk is full: {reason}")]
 
 
 @pytest.mark.parametrize("kind", ["other-sqlite", "eacces"])
@@ -118,7 +119,8 @@ def test_any_other_error_is_a_500_that_shows_nothing(kind: str, caplog) -> None:
         500, {"error": "internal error; the server log has the details", "type": "internal"}, None)
     assert state.catalog_problem is None
     [record] = caplog.records
-    assert (record.levelname, record.getMessage()) == ("ERROR", f"unhandled error on GET /raise/{kind}")
+    assert (record.name, record.levelname, record.getMessage()) == (
+        "layerbank.api", "ERROR", f"unhandled error on GET /raise/{kind}")
     assert record.exc_info is not None and record.exc_info[1] is ERRORS[kind]  # the log has the details
 
 
@@ -153,6 +155,7 @@ def _watch(results: list[Any], dialect: str = "sqlite") -> tuple[SimpleNamespace
         if done.is_set():  # the script is used up: wait here to be cancelled
             await asyncio.get_running_loop().create_future()
         pauses.append(seconds)
+        assert len(pauses) <= len(results), "the watcher pauses without checking"
         await asyncio.sleep(0)
 
     async def main() -> None:
@@ -188,10 +191,10 @@ def test_the_periodic_check_keeps_the_problem_until_the_catalog_passes_again(cap
                      (None, None, "page 3 is never used", "page 3 is never used", "page 3 is never used", None)]
     assert state.catalog_problem is None
     assert pauses == [7.5] * 5
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("ERROR", f"the catalog is damaged (page 3 is never used); {HINT}"),
-        ("ERROR", "could not check the catalog"),
-        ("WARNING", "the catalog passes its check again"),
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("layerbank.api", "ERROR", f"the catalog is damaged (page 3 is never used); {HINT}"),
+        ("layerbank.api", "ERROR", "could not check the catalog"),
+        ("layerbank.api", "WARNING", "the catalog passes its check again"),
     ]
     assert caplog.records[1].exc_info is not None
 
