@@ -4,6 +4,8 @@ other tables is kept (what could not is named)."""
 
 from __future__ import annotations
 
+import logging
+import re
 import sqlite3
 from pathlib import Path
 
@@ -135,3 +137,42 @@ def test_a_damaged_shard_met_during_repair_is_quarantined(filled) -> None:  # ty
     assert report.quarantined == ["job1-00000.h5"] and report.keys == 83
     assert (root / "quarantine" / "job1-00000.h5").exists()
     _rows_answer(root, {k: v for k, v in want.items() if k not in lost})
+
+
+def test_what_a_repair_says(filled, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The lines `layerbank repair` prints (and logs), and the error a damaged catalog raises."""
+    from layerbank.cache.repair import CatalogDamaged
+
+    root, _, _ = filled
+    path = root / "catalog.sqlite"
+    offset, size = _page_of(path, "entries")
+    _smash(path, offset + 8, size - 8)
+    _smash(root / "shards" / "job1-00000.h5", 0, 64)
+    caplog.set_level(logging.INFO, "layerbank.repair")
+    report = repair_catalog(root)
+    aside = Path(report.damaged_file)  # type: ignore[arg-type]
+    assert aside.parent == root and re.fullmatch(r"catalog\.sqlite\.damaged-\d{8}-\d{6}", aside.name), aside
+    assert aside.exists() and Path(f"{aside}-wal").exists()  # its write-ahead log moved along with it
+    said = ["re-indexed 83 keys from 3 shards", f"the damaged catalog is kept as {aside}",
+            "shard job1-00000.h5 could not be read and was moved to quarantine/ (its texts will be encoded "
+            "again when asked for)",
+            "kept 0 rows of counters", "kept 3 rows of dataset_items", "kept 1 rows of datasets",
+            "kept 1 rows of jobs", "kept 0 rows of models", "kept 2 rows of schema_versions", "kept 0 rows of workers"]
+    assert report.lines() == said
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("layerbank.repair", "ERROR", "shard job1-00000.h5 cannot be read (Unable to synchronously open file "
+                                      "(file signature not found)): moved to quarantine/"),
+        *[("layerbank.repair", "WARNING", f"repair: {line}") for line in said]]
+    e = CatalogDamaged(path, "file is not a database")
+    assert (str(e), e.reason) == (f"the catalog {path} is damaged (file is not a database); stop the server and "
+                                  f"run `layerbank repair --data-dir {root}` to rebuild it from the shards",
+                                  "file is not a database")
+
+
+def test_a_destroyed_header_is_named_in_the_lost_line(filled) -> None:  # type: ignore[no-untyped-def]
+    root, _, _ = filled
+    _page_of(root / "catalog.sqlite", "entries")  # checkpoint
+    _smash(root / "catalog.sqlite", 0, 100)
+    assert check_catalog(root / "catalog.sqlite") == "file is not a database"
+    assert repair_catalog(root).lines()[-1] == ("LOST every table but the key index: the schema cannot be read: "
+                                                "file is not a database")
