@@ -131,12 +131,17 @@ def _use_schema(request: pytest.FixtureRequest, backend: str, url: str | None = 
 
 
 @pytest.fixture(scope="session")
-def session_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> str | None:
-    """A schema for the pass's session-scoped servers (their fixtures take this one, so they
-    are made again for each backend, under ``catalog_env``); None on SQLite."""
-    if catalog_backend != "postgres":
-        return None
-    return str(request.getfixturevalue("postgres_server").new_schema_url())
+def session_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Callable[[], str | None]:
+    """Makes a schema for one of the pass's session-scoped servers: each server fixture
+    takes this one (so it is made again for each backend) and starts under
+    ``catalog_env(session_catalog())``; the factory gives None on SQLite."""
+
+    def new() -> str | None:
+        if catalog_backend != "postgres":
+            return None
+        return str(request.getfixturevalue("postgres_server").new_schema_url())
+
+    return new
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -145,9 +150,10 @@ def _module_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Ite
     yield from _use_schema(request, catalog_backend)
 
 
-def _widest_data_scope(request: pytest.FixtureRequest) -> str:
-    """The widest scope among the test's fixtures that may hold a store or a server."""
-    widest = "function"
+def _widest_data_scope(request: pytest.FixtureRequest) -> tuple[str, list[str]]:
+    """The widest scope among the test's fixtures that may hold a store or a server,
+    and the session-scoped ones by name."""
+    widest, sessions = "function", []
     for name in request.fixturenames:
         defs = request._fixturemanager.getfixturedefs(name, request.node)  # noqa: SLF001
         # ours (pytest's own, like tmp_path_factory, have no base id) and wider than a test
@@ -155,21 +161,22 @@ def _widest_data_scope(request: pytest.FixtureRequest) -> str:
             continue
         scope = defs[-1].scope
         if scope == "session":
-            return "session"
-        if scope in ("module", "package", "class"):
+            sessions.append(name)
+        elif scope in ("module", "package", "class") and widest == "function":
             widest = "module"
-    return widest
+    return ("session" if sessions else widest), sessions
 
 
 @pytest.fixture(autouse=True)
 def _test_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Iterator[None]:
     """A schema of the test's own, unless it works on a module's store or server (the
     module's schema) or a session's (the pass's schema)."""
-    scope = _widest_data_scope(request)
+    scope, names = _widest_data_scope(request)
     if scope == "module":
         yield
-    elif scope == "session":
-        yield from _use_schema(request, catalog_backend, request.getfixturevalue("session_catalog"))
+    elif scope == "session":  # the schema of the session server it works on (its ``catalog_url``)
+        urls = [getattr(request.getfixturevalue(n), "catalog_url", None) for n in names]
+        yield from _use_schema(request, catalog_backend, next((u for u in urls if u), None))
     else:
         yield from _use_schema(request, catalog_backend)
 

@@ -284,10 +284,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def layerbank_server(tmp_path_factory: pytest.TempPathFactory,
-                     session_catalog: str | None) -> Iterator[ServerProcess]:
+                     session_catalog: Callable[[], str | None]) -> Iterator[ServerProcess]:
     from tests.conftest import catalog_env
 
-    with catalog_env(session_catalog):  # one per backend pass (tests/conftest.py)
+    with catalog_env(session_catalog()):  # a schema of its own, per backend pass (tests/conftest.py)
         server = ServerProcess(tmp_path_factory.mktemp("shared-server") / "data", SHARED_SETTINGS)
     server.start()
     yield server

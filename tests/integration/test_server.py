@@ -270,7 +270,7 @@ ERRORS = [
     ("POST", "/v1/features", {"json": {"texts": ["a" * 2001]}}, 413, "too_large",
      "texts.0 has 2,001 characters; the limit is max_chars_per_text (2,000)"),
     ("POST", "/v1/features", {"json": {"texts": ["a " * 140_000]}}, 413, "too_large", "max_body_bytes"),
-    ("POST", "/v1/features", {"content": (b"x" * 65536 for _ in range(5)),
+    ("POST", "/v1/features", {"content": [b"x" * 65536] * 5,  # streamed, no length; a list: each pass reads it
                               "headers": {"content-type": "application/json"}}, 413, "too_large",
      "request body exceeds max_body_bytes (262,144 bytes)"),
     ("GET", "/v1/features", {}, 405, "method_not_allowed", "allowed: POST"),

@@ -85,10 +85,10 @@ def reference(texts: list[str], model_dir: str, data_dir: Path, *, part_size: in
 
 @pytest.fixture(scope="session")
 def rel_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str,
-               session_catalog: str | None) -> Iterator[ServerProcess]:
+               session_catalog: Callable[[], str | None]) -> Iterator[ServerProcess]:
     from tests.conftest import catalog_env
 
-    with catalog_env(session_catalog):  # one per backend pass (tests/conftest.py)
+    with catalog_env(session_catalog()):  # a schema of its own, per backend pass (tests/conftest.py)
         server = ServerProcess(tmp_path_factory.mktemp("rel-server") / "data",
                                {**REL_SETTINGS, "model": tiny_model_dir})
     server.start()

@@ -188,7 +188,8 @@ def test_store_and_head_paths_refuse_traversal(tmp_path: Path) -> None:
             heads.directory(bad)
     assert heads.directory("hd_0123456789ab") == tmp_path / "data" / "heads" / "hd_0123456789ab"
     assert _tree(tmp_path) <= {"data", "data/shards", "data/quarantine", "data/heads",
-                               "data/catalog.sqlite", "data/catalog.sqlite-wal", "data/catalog.sqlite-shm"}
+                               "data/catalog.sqlite", "data/catalog.sqlite-wal", "data/catalog.sqlite-shm",
+                               "data/catalog.postgresql"}  # the marker of a PostgreSQL catalog
     store.close()
 
 
