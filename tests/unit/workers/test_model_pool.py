@@ -50,7 +50,7 @@ def test_a_model_loads_on_first_use_and_is_registered(tiny_encoder: Encoder, oth
 def test_an_unknown_model_is_refused_naming_what_is_served(tiny_encoder: Encoder,
                                                             other_dirs: list[str]) -> None:
     pool, _ = make_pool(tiny_encoder, other_dirs[:1], None)
-    with pytest.raises(UnknownModel, match=r"this worker serves .*other00.*, not 'bert-large'$"):
+    with pytest.raises(UnknownModel, match=r"this worker serves .*/other0\d+' .*, not 'bert-large'$"):
         pool.get("bert-large")
 
 
