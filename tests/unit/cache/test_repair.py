@@ -176,3 +176,27 @@ def test_a_destroyed_header_is_named_in_the_lost_line(filled) -> None:  # type: 
     assert check_catalog(root / "catalog.sqlite") == "file is not a database"
     assert repair_catalog(root).lines()[-1] == ("LOST every table but the key index: the schema cannot be read: "
                                                 "file is not a database")
+
+
+def test_a_table_only_the_app_made_is_kept_and_a_shard_without_pooled_states_quarantined(filled, caplog) -> None:  # type: ignore[no-untyped-def]
+    root, _, _ = filled
+    path = root / "catalog.sqlite"
+    db = sqlite3.connect(path)  # a table no cache/ module creates (app/ makes its own, heads say)
+    db.execute("CREATE TABLE app_notes (id INTEGER PRIMARY KEY, note TEXT NOT NULL)")
+    db.execute("INSERT INTO app_notes VALUES (7, 'kept')")
+    db.commit()
+    db.close()
+    offset, size = _page_of(path, "entries")
+    _smash(path, offset + 8, size - 8)
+    with __import__("h5py").File(root / "shards" / "job2-00000.h5", "r+") as f:
+        del f["pooled"]  # keys and counts agree, but there is nothing to serve
+    caplog.set_level(logging.INFO, "layerbank.repair")
+    report = repair_catalog(root)
+    assert report.kept["app_notes"] == 1 and "kept 1 rows of app_notes" in report.lines()
+    assert report.quarantined == ["job2-00000.h5"] and report.keys == 83
+    assert caplog.records[0].getMessage() == ("shard job2-00000.h5 cannot be read (keys, n_tokens and truncated "
+                                              "disagree in length, or no pooled states): moved to quarantine/")
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT * FROM app_notes").fetchall() == [(7, "kept")]
+    db.close()
+
