@@ -200,3 +200,38 @@ def test_a_table_only_the_app_made_is_kept_and_a_shard_without_pooled_states_qua
     assert db.execute("SELECT * FROM app_notes").fetchall() == [(7, "kept")]
     db.close()
 
+
+
+def test_what_cannot_be_salvaged_is_named_and_the_rest_kept(filled) -> None:  # type: ignore[no-untyped-def]
+    root, want, _ = filled
+    path = root / "catalog.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE jobs ADD COLUMN from_a_newer_version TEXT")  # its rows no longer fit
+    db.execute("CREATE TABLE app_log (id INTEGER PRIMARY KEY, line TEXT NOT NULL)")  # made after jobs
+    db.executemany("INSERT INTO app_log VALUES (?, ?)", [(i, f"line {i:05d} " + "x" * 200) for i in range(400)])
+    db.commit()
+    db.close()
+    offset, size = _page_of(path, "app_log")  # checkpoint; the file's last page is one of app_log's leaves
+    end = path.stat().st_size
+    _smash(path, end - size + 8, size - 8)
+    report = repair_catalog(root)
+    n = report.kept["app_log"]
+    assert 0 < n < 400
+    assert report.lost["app_log"] == f"rows after the first {n:,} could not be read (database disk image is malformed)"
+    assert report.lost["jobs"].startswith("1 rows read but not accepted by the new catalog (table jobs has ")
+    assert report.lost["jobs"].endswith(" values were supplied)")
+    assert "jobs" not in report.kept and report.kept["datasets"] == 1 and report.kept["dataset_items"] == 3
+    assert f"LOST app_log: {report.lost['app_log']}" in report.lines()
+    _rows_answer(root, want)
+
+
+def test_a_catalog_that_cannot_be_opened_at_all_loses_its_tables_not_its_rows(filled) -> None:  # type: ignore[no-untyped-def]
+    root, want, _ = filled
+    for p in root.glob("catalog.sqlite*"):
+        p.unlink()
+    (root / "catalog.sqlite").mkdir()  # something that is no file at all
+    report = repair_catalog(root)
+    assert report.kept == {} and report.keys == 123
+    assert report.lines()[-1] == "LOST every table but the key index: the file cannot be opened: disk I/O error"
+    assert (root / "catalog.sqlite").is_file()  # a new catalog where the directory was
+    _rows_answer(root, want)
