@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
 from layerbank.app.api import catalog_health as H
 from layerbank.cache.postgres import CatalogUnavailable
 

@@ -154,18 +154,18 @@ def test_what_a_repair_says(filled, caplog) -> None:  # type: ignore[no-untyped-
     assert aside.parent == root and re.fullmatch(r"catalog\.sqlite\.damaged-\d{8}-\d{6}", aside.name), aside
     assert aside.exists() and Path(f"{aside}-wal").exists()  # its write-ahead log moved along with it
     said = ["re-indexed 83 keys from 3 shards", f"the damaged catalog is kept as {aside}",
-            "shard job1-00000.h5 could not be read and was moved to quarantine/ (its texts will be encoded "
-            "again when asked for)",
+            ("shard job1-00000.h5 could not be read and was moved to quarantine/ (its texts will be encoded "
+             "again when asked for)"),
             "kept 0 rows of counters", "kept 3 rows of dataset_items", "kept 1 rows of datasets",
             "kept 1 rows of jobs", "kept 0 rows of models", "kept 2 rows of schema_versions", "kept 0 rows of workers"]
     assert report.lines() == said
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("layerbank.repair", "ERROR", "shard job1-00000.h5 cannot be read (Unable to synchronously open file "
-                                      "(file signature not found)): moved to quarantine/"),
+        ("layerbank.repair", "ERROR", ("shard job1-00000.h5 cannot be read (Unable to synchronously open file "
+                                       "(file signature not found)): moved to quarantine/")),
         *[("layerbank.repair", "WARNING", f"repair: {line}") for line in said]]
     e = CatalogDamaged(path, "file is not a database")
-    assert (str(e), e.reason) == (f"the catalog {path} is damaged (file is not a database); stop the server and "
-                                  f"run `layerbank repair --data-dir {root}` to rebuild it from the shards",
+    assert (str(e), e.reason) == ((f"the catalog {path} is damaged (file is not a database); stop the server and "
+                                   f"run `layerbank repair --data-dir {root}` to rebuild it from the shards"),
                                   "file is not a database")
 
 
@@ -211,7 +211,7 @@ def test_what_cannot_be_salvaged_is_named_and_the_rest_kept(filled) -> None:  # 
     db.executemany("INSERT INTO app_log VALUES (?, ?)", [(i, f"line {i:05d} " + "x" * 200) for i in range(400)])
     db.commit()
     db.close()
-    offset, size = _page_of(path, "app_log")  # checkpoint; the file's last page is one of app_log's leaves
+    _, size = _page_of(path, "app_log")  # checkpoint; the file's last page is one of app_log's leaves
     end = path.stat().st_size
     _smash(path, end - size + 8, size - 8)
     report = repair_catalog(root)

@@ -248,8 +248,8 @@ LONG_WEIGHTS = "weighted:" + ",".join(["1e33"] * 12)  # 69 characters: shown cut
     ("weighted:-inf,2", "view 'weighted:-inf,2': weights must be finite numbers, got -inf"),
     ("weighted:3e33,-3e33", f"view 'weighted:3e33,-3e33': {TOO_LARGE}"),
     (LONG_WEIGHTS, f"view {LONG_WEIGHTS[:60]!r}: {TOO_LARGE}"),
-    ("layers:" + ",".join(["0"] * 1000), "view 'layers:0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0'...: 1,000 layers; "
-                                         "a view names at most 256"),
+    ("layers:" + ",".join(["0"] * 1000), ("view 'layers:0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0'...: 1,000 layers; "
+                                          "a view names at most 256")),
 ])
 def test_malformed_views_say_exactly_why(spec: str, message: str) -> None:
     with pytest.raises(ViewError) as e:
