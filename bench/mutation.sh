@@ -25,9 +25,9 @@ MUTMUT="$ROOT/.venv/bin/mutmut"
 # test_read_tokens_many.py loads torch, 25 s: left out)
 declare -A TESTS=(
   [cache/shard.py]="tests/unit/cache/test_shard.py tests/unit/cache/test_shard_bytes.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_space.py"
-  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_store_layout.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_compact.py"
+  [cache/store.py]="tests/unit/cache/test_store.py tests/unit/cache/test_store_layout.py tests/unit/cache/test_shard_damage.py tests/unit/cache/test_compact.py tests/unit/cache/test_postgres.py"
   [cache/space.py]="tests/unit/cache/test_space.py tests/unit/cache/test_space_errors.py tests/unit/cache/test_disk_full_type.py"
-  [cache/repair.py]="tests/unit/cache/test_repair.py"
+  [cache/repair.py]="tests/unit/cache/test_repair.py tests/unit/cache/test_postgres.py"
   [cache/compact.py]="tests/unit/cache/test_compact.py tests/unit/cache/test_compact_batches.py tests/reliability/test_disk_full.py::test_compaction_on_a_full_disk_changes_nothing_and_runs_once_there_is_room tests/reliability/test_disk_full.py::test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_there_is_room"
   [cache/errors.py]="tests/unit/cache/test_errors.py tests/unit/cache/test_disk_full_type.py"
   [app/api/errors.py]="tests/unit/app/test_error_handlers.py"
@@ -36,6 +36,9 @@ declare -A TESTS=(
   [app/api/origin.py]="tests/unit/app/test_origin_guard_asgi.py tests/unit/app/test_origin_guard.py::test_loopback_names tests/unit/app/test_origin_guard.py::test_the_listen_host_is_allowed_unless_it_is_a_wildcard"
   [app/api/catalog_health.py]="tests/unit/app/test_catalog_health.py"
 )
+# modules with PostgreSQL-only code (issue 19) run their tests on both catalog backends
+# (tests/conftest.py: test_postgres.py runs in the PostgreSQL pass, test_repair.py in SQLite's)
+declare -A CATALOGS=([cache/repair.py]="sqlite,postgres" [cache/store.py]="sqlite,postgres")
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(cache/space.py cache/leftovers.py cache/repair.py app/api/origin.py
                                      cache/shard.py cache/store.py cache/views.py app/api/catalog_health.py)
@@ -113,7 +116,7 @@ for target in "${TARGETS[@]}"; do
   # (pytest exits 2, collection error) would be a false survivor, so every failure is 1
   cat > .shim/runtests <<SH
 #!/bin/sh
-"$PY" -m pytest -x -q -p no:cacheprovider -p no:randomly -p no:schemathesis -p no:hypothesispytest -p no:anyio $tests || exit 1
+LAYERBANK_TEST_CATALOGS=${CATALOGS[$target]:-sqlite} "$PY" -m pytest -x -q -p no:cacheprovider -p no:randomly -p no:schemathesis -p no:hypothesispytest -p no:anyio $tests || exit 1
 SH
   chmod +x .shim/runtests
   deadline=0
