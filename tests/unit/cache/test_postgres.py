@@ -131,8 +131,12 @@ def test_a_nul_character_is_the_callers_error_and_stores_nothing(pg_url: str, tm
     assert ds.get("ds_nul") is None and ds.items("ds_nul").texts == []
 
 
-def test_reindex_makes_the_key_index_match_the_shard_files(pg_url: str, tmp_path: Path) -> None:
-    # a catalog restored from a backup older than the shards, and a shard file lost since
+def test_reindex_makes_the_key_index_match_the_shard_files(pg_url: str, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    # a catalog restored from a backup older than the shards, a shard file lost since,
+    # and a file the backup never knew that cannot be read
+    import logging
+
     import numpy as np
 
     from layerbank.cache.repair import reindex_catalog
@@ -141,22 +145,30 @@ def test_reindex_makes_the_key_index_match_the_shard_files(pg_url: str, tmp_path
     from .test_store import CFG, contents, key
 
     store = FeatureStore(tmp_path / "data", catalog_url=pg_url)
-    keys = {n: [key(store, f"{n} {i}") for i in range(5)] for n in ("a", "b", "c")}
+    keys = {n: [key(store, f"{n} {i}") for i in range(5)] for n in ("a", "b", "c", "d")}
     for i, n in enumerate(keys):
         store.write(f"job-0000{i}", contents(keys[n], i), model="local:m", config=CFG)
     every = [k for ks in keys.values() for k in ks]
     want = store.read_pooled(every, "mean").data
-    with store.catalog.tx() as db:  # the backup knew only shard a
-        db.execute("DELETE FROM entries WHERE shard <> 'job-00000.h5'")
-        db.execute("DELETE FROM shards WHERE name <> 'job-00000.h5'")
-    (store.shard_dir / "job-00000.h5").unlink()  # and a's file is lost
-    report = reindex_catalog(tmp_path / "data", pg_url)
-    assert (report.shards, report.keys) == (2, 10)
-    assert report.lost == {"shard job-00000.h5": "its file is missing; its 5 keys will be encoded again"}
-    got = store.read_pooled(every, "mean")
-    assert got.found.tolist() == [False] * 5 + [True] * 10
-    np.testing.assert_array_equal(got.data[5:], want[5:])  # the original numbers
+    with store.catalog.tx() as db:  # the backup knew shards a and b
+        db.execute("DELETE FROM entries WHERE shard NOT IN ('job-00000.h5', 'job-00001.h5')")
+        db.execute("DELETE FROM shards WHERE name NOT IN ('job-00000.h5', 'job-00001.h5')")
     store.close()
+    (store.shard_dir / "job-00000.h5").unlink()  # a's file is lost
+    (store.shard_dir / "job-00003.h5").write_bytes(b"\x89HDF not a shard")  # d's cannot be read
+    with caplog.at_level(logging.ERROR, logger="layerbank.repair"):
+        report = reindex_catalog(tmp_path / "data", pg_url)
+    assert (report.shards, report.keys) == (1, 10)  # c registered; b was listed and stays
+    assert report.lost == {"shard job-00000.h5": "its file is missing; its 5 keys will be encoded again"}
+    assert report.quarantined == ["job-00003.h5"]
+    assert (tmp_path / "data" / "quarantine" / "job-00003.h5").read_bytes() == b"\x89HDF not a shard"
+    assert any(r.getMessage().startswith("shard job-00003.h5 cannot be read (")
+               and r.getMessage().endswith("): moved to quarantine/") for r in caplog.records)
+    again = FeatureStore(tmp_path / "data", catalog_url=pg_url)
+    got = again.read_pooled(every, "mean")
+    assert got.found.tolist() == [False] * 5 + [True] * 10 + [False] * 5
+    np.testing.assert_array_equal(got.data[5:15], want[5:15])  # the original numbers
+    again.close()
 
 
 def test_shards_sharing_keys_committed_at_once_never_deadlock(pg_url: str, tmp_path: Path) -> None:
