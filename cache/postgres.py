@@ -261,11 +261,17 @@ class PostgresCatalogDb:
         self.url, self._max_size, self._timeout_s = url, max_size, timeout_s
         self._local = threading.local()
         self._session = Session(self)
+        self._pool: ConnectionPool | None = None  # this process's shared pool, once looked up
         self.pool  # noqa: B018  (connect now: a wrong URL fails here, not at the first request)
 
     @property
     def pool(self) -> "ConnectionPool":
-        return _pool_for(self.url, self._max_size, self._timeout_s)
+        # every statement asks: skip the registry's lock while the pool we hold is open
+        # (closed by close_pools, or inherited across a fork: look it up again)
+        pool = self._pool
+        if pool is None or pool.closed or _pools.get((os.getpid(), self.url)) is not pool:
+            pool = self._pool = _pool_for(self.url, self._max_size, self._timeout_s)
+        return pool
 
     def _held(self) -> Any:
         return getattr(self._local, "conn", None)
