@@ -111,16 +111,9 @@ class JobContext:
         self.options = worker.options
         self.stopped = lease.stopped  # cancelled, or the lease was lost
 
-    @property
-    def last_progress(self) -> dict[str, Any] | None:
-        return self.lease.doc
-
     def progress(self, p: Any) -> None:
         """Record progress (a dict, or anything with ``as_dict()``)."""
         self.lease.report(p.as_dict() if hasattr(p, "as_dict") else dict(p))
-
-    def write_progress(self) -> None:
-        self.lease.write()
 
     def should_continue(self) -> bool:
         # every job, urgent ones too: a 300-text request's batches let a 1-text miss through

@@ -6,7 +6,7 @@
     layerbank probe FILE --label-column label         which layer, which pooling?
     layerbank --version                               layerbank 0.2.0
 
-Each subcommand lives in its own module under ``app/commands``. Importing this
+Each subcommand lives in its own module under ``app/cli``. Importing this
 module does not import torch: commands that run the encoder import it when run.
 """
 
@@ -31,14 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"layerbank {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"layerbank.app.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"layerbank.app.cli.{name}":
-                continue  # command not built yet
-            raise
-        mod.register(sub)
-    for command in sub.choices.values():  # every subcommand, those to come included
+        importlib.import_module(f"layerbank.app.cli.{name}").register(sub)
+    for command in sub.choices.values():  # every subcommand gets --no-progress from here, once
         add_progress_flag(command)
     return parser
 
