@@ -58,7 +58,7 @@ os.environ.pop("LAYERBANK_CATALOG_URL", None)  # a developer's own catalog never
 CATALOGS = [c.strip() for c in os.environ.get("LAYERBANK_TEST_CATALOGS", "sqlite").split(",")
             if c.strip()]
 # fixtures of a wider scope that hold no catalog: a test using only these gets a schema of its own
-_NO_CATALOG = {"tiny_model_dir", "catalog_backend", "postgres_server", "_module_catalog", "session_catalog",
+_NO_CATALOG = {"tiny_model_dir", "family_model_dir", "catalog_backend", "postgres_server", "_module_catalog", "session_catalog",
                # wider-scoped fixtures of test modules that hold no store (a Ray cluster, a browser, a model)
                "local_ray", "cluster", "browser", "torch_encoder", "reference", "conll", "tokenizer",
                "splits", "result", "bundled", "compose", "other_dir", "other_dirs"}
@@ -180,6 +180,9 @@ def _test_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Itera
     else:
         yield from _use_schema(request, catalog_backend)
 
+
+# ``family_model_dir(name)``: tiny random models of every supported encoder family (tests/families.py)
+from tests.families import family_model_dir  # noqa: E402,F401
 
 TINY_LAYERS = 2
 TINY_HIDDEN = 32
