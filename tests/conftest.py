@@ -182,7 +182,7 @@ def _test_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Itera
 
 
 # ``family_model_dir(name)``: tiny random models of every supported encoder family (tests/families.py)
-from tests.families import family_model_dir  # noqa: E402,F401
+from tests.families import family_model_dir  # noqa: F401
 
 TINY_LAYERS = 2
 TINY_HIDDEN = 32

@@ -46,8 +46,15 @@ from typing import Any
 
 import pytest
 
-__all__ = ["FAMILIES", "LAYERS", "HIDDEN", "TOKENIZER_KIND", "build_family", "corpus",
-           "family_model_dir"]
+__all__ = [
+    "FAMILIES",
+    "HIDDEN",
+    "LAYERS",
+    "TOKENIZER_KIND",
+    "build_family",
+    "corpus",
+    "family_model_dir",
+]
 
 LAYERS = 3
 HIDDEN = 32
@@ -105,7 +112,16 @@ _SPECIALS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
 
 def _train_tokenizer(name: str, texts: list[str]) -> Any:
     """A ``tokenizers.Tokenizer`` of the family's kind, trained on ``texts``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     specials, roles, _ = _SPECIALS[name]
     kind = TOKENIZER_KIND[name]
