@@ -1,6 +1,6 @@
 """``layerbank worker``: the extraction worker process, and how ``serve`` runs it.
 
-``layerbank serve`` starts ``python -m layerbank.app.cli.main worker --parent-pid <its pid>``
+``layerbank serve`` starts ``python -P -m layerbank.app.cli.main worker --parent-pid <its pid>``
 with its settings in the ``LAYERBANK_*`` environment, and ``WorkerSupervisor``
 restarts it when it dies (1 s, doubling to 30 s between tries). Exit status
 ``FATAL_EXIT`` (3) means the model cannot be loaded: restarting would not
@@ -199,7 +199,12 @@ class WorkerSupervisor:
         # this thread forks the worker and must outlive it: PR_SET_PDEATHSIG
         # fires when the forking *thread* exits
         backoff = 1.0
-        cmd = [sys.executable, "-m", "layerbank.app.cli.main", "worker", "--parent-pid", str(os.getpid())]
+        # -P: the working directory is not put first on sys.path, so a folder named
+        # layerbank there (`--data-dir layerbank`, a clone's parent) cannot shadow the
+        # installed package; PYTHONPATH still applies. multiprocessing's spawned
+        # children inherit the flag (subprocess._args_from_interpreter_flags).
+        cmd = [sys.executable, "-P", "-m", "layerbank.app.cli.main", "worker",
+               "--parent-pid", str(os.getpid())]
         while not self._stopping.is_set():
             started = time.monotonic()
             self.proc = subprocess.Popen(cmd, env=settings_env(self.settings),
