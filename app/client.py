@@ -119,14 +119,6 @@ def _id(obj: str | dict[str, Any], *keys: str) -> str:
     raise ValueError(f"no {' or '.join(keys)} in {sorted(obj)}")
 
 
-def _origin(url: str) -> str:
-    """``http://host:port/prefix`` -> ``http://host:port``: what a browser on that server sends."""
-    parts = httpx.URL(url)
-    port = f":{parts.port}" if parts.port is not None else ""
-    host = f"[{parts.host}]" if ":" in parts.host else parts.host
-    return f"{parts.scheme}://{host}{port}"
-
-
 def _job_id(job: str | dict[str, Any]) -> str:
     # a dataset or head carries its job as job_id; a job (or probe) is its own id
     return _id(job, "job_id", "id")
@@ -140,8 +132,9 @@ class Client:
                  max_retries: int = 5, max_retry_seconds: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
-        # a keyless server takes uploads (form posts) only with its own Origin (app/api/origin.py)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {"Origin": _origin(self.url)}
+        # no Origin header: the client is no browser, and a keyless server lets such clients
+        # through (app/api/origin.py); an Origin would be refused behind a proxy that rewrites Host
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self.max_retries = max_retries
         self.max_retry_seconds = max_retry_seconds

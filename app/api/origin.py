@@ -1,4 +1,4 @@
-"""Host and Origin checks: a keyless server can't be driven from another web site.
+"""Host and cross-site checks: a keyless server can't be driven from another web site.
 
 A server without an API key trusts whoever can reach it. On loopback that is
 the user, but also every web page the user's browser opens: a page on
@@ -13,17 +13,23 @@ on its own):
   the ``--host`` it listens on, and ``--allowed-hosts`` (comma-separated;
   ``*`` turns the check off). DNS rebinding sends the attacker's name: 403.
   ``/health`` is exempt (it says nothing, and load balancers probe it by IP).
-- **Origin**, on state-changing methods (POST, PUT, PATCH, DELETE): an
-  ``Origin`` that is not this server's own (scheme, host and port of the
-  ``Host`` it was sent to; ``null`` included) is a cross-site browser
-  request: 403. Without an ``Origin``, a body a browser form can send
-  without preflight (form-urlencoded, multipart, text/plain, or no
-  Content-Type at all) is refused as well; JSON bodies pass (a cross-site
-  page cannot send them without a preflight, which this server never
-  grants). Non-browser clients uploading files send their own ``Origin``
-  (the Python client does; ``curl -H "Origin: http://127.0.0.1:8000"``).
+- **Cross-site**, on state-changing methods (POST, PUT, PATCH, DELETE; GET,
+  HEAD and OPTIONS always pass), decided from the signals browsers send, as
+  Go 1.25's ``net/http.CrossOriginProtection`` does (its test table is in
+  tests/unit/app/test_origin_guard_asgi.py):
 
-The lab page is same-origin: the browser sends the server's own ``Origin``.
+  1. ``Sec-Fetch-Site`` (every browser since 2023): ``same-origin`` or
+     ``none`` (the user typed it) pass; anything else (``cross-site``,
+     ``same-site``: another port or subdomain) is 403.
+  2. Without it, no ``Origin`` either: not a browser (curl, httpie,
+     requests, the Python client): passes, whatever the body.
+  3. An ``Origin`` whose host[:port] is the request's ``Host`` passes (an
+     old browser on the server's own page); any other, ``null`` included,
+     is 403. Like Go, the scheme is not compared (``Host`` has none, and a
+     TLS-terminating proxy changes it); a missing port is the default of
+     the Origin's scheme on both sides.
+
+The lab page is same-origin: the browser sends ``Sec-Fetch-Site: same-origin``.
 """
 
 from __future__ import annotations
@@ -32,17 +38,18 @@ import ipaddress
 import json
 from urllib.parse import urlsplit
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from layerbank.app.api.errors import body_for
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["OriginGuard", "allowed_host_names", "is_loopback_name"]
 
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# bodies a page on any site can send with a plain <form> or fetch(no-cors), no preflight
-_SIMPLE_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")
+_SAME = frozenset({"same-origin", "none"})  # Sec-Fetch-Site values of the server's own pages / the user
+_READ = (b"host", b"origin", b"sec-fetch-site")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _WILDCARD_BINDS = {"0.0.0.0", "::", ""}
+_WHY = ("a server without an API key takes changes only from its own pages and from clients that are "
+        "not browsers (curl, the Python client)")
 
 
 def is_loopback_name(name: str) -> bool:
@@ -93,9 +100,8 @@ class OriginGuard:
         if scope["type"] != "http" or scope["path"] == "/health":
             await self.app(scope, receive, send)
             return
-        headers = {k: v for k, v in scope["headers"] if k in (b"host", b"origin", b"content-type",
-                                                                b"content-length", b"transfer-encoding")}
-        problem = self._check(scope, {k.decode(): v.decode("latin-1") for k, v in headers.items()})
+        headers = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k in _READ}
+        problem = self._check(scope, headers)
         if problem:
             body = json.dumps(body_for(scope["path"], 403, problem, "forbidden")).encode()
             await send({"type": "http.response.start", "status": 403,
@@ -106,30 +112,37 @@ class OriginGuard:
         await self.app(scope, receive, send)
 
     def _check(self, scope: Scope, h: dict[str, str]) -> str | None:
-        scheme = scope.get("scheme", "http")
-        default_port = _DEFAULT_PORTS.get(scheme, 80)
-        host = _split_host(h.get("host", ""), default_port)
+        raw_host = h.get("host", "")
+        default_port = _DEFAULT_PORTS.get(scope.get("scheme", "http"), 80)
+        host = _split_host(raw_host, default_port)
         if host is None or not self._host_ok(host[0]):
-            shown = h.get("host", "")[:100]
-            return (f"host {shown!r} is not one of this server's names; a server without an API key "
+            return (f"host {raw_host[:100]!r} is not one of this server's names; a server without an API key "
                     "answers only to its own (loopback names, --host, --allowed-hosts)")
         if scope["method"] not in _UNSAFE:
             return None
-        origin = h.get("origin")
-        if origin is not None:
-            o = urlsplit(origin) if origin != "null" else None
-            try:
-                o_port = None if o is None else (o.port or _DEFAULT_PORTS.get(o.scheme, 0))
-            except ValueError:
-                o_port = None
-            if o is None or (o.hostname or "").rstrip(".") != host[0] or o_port != host[1] \
-                    or o.scheme != scheme:
-                return (f"cross-site request refused: Origin {origin[:100]!r} is not this server; "
-                        "a server without an API key only takes changes from its own pages")
+        site = h.get("sec-fetch-site", "").strip().lower()
+        if site:  # the browser says where the request comes from: believe it
+            if site in _SAME:
+                return None
+            return f"a cross-site request (Sec-Fetch-Site: {site[:40]}) is refused: {_WHY}"
+        origin = h.get("origin", "")
+        if not origin:  # neither header: not a browser
             return None
-        ctype = h.get("content-type", "").split(";", 1)[0].strip().lower()
-        has_body = h.get("content-length", "0") != "0" or "transfer-encoding" in h
-        if ctype in _SIMPLE_TYPES or (not ctype and has_body):
-            return (f"a {ctype or 'body'} post without an Origin header could come from any web page; "
-                    "send 'Origin: <this server's URL>' (the Python client does) or use an API key")
-        return None
+        if _same_host(origin, raw_host):
+            return None
+        return (f"a cross-site request (Origin {origin[:100]!r} is not this server, "
+                f"Host {raw_host[:100]!r}) is refused: {_WHY}")
+
+
+def _same_host(origin: str, raw_host: str) -> bool:
+    """Origin's host[:port] is the Host (case and a trailing dot aside, a missing port
+    being the default of the Origin's scheme on both sides); ``null`` or malformed: no."""
+    try:
+        o = urlsplit(origin)
+        o_host, o_port = o.hostname, o.port
+    except ValueError:
+        return False
+    if not o_host or o.scheme not in _DEFAULT_PORTS:
+        return False
+    default = _DEFAULT_PORTS[o.scheme]
+    return (o_host.rstrip("."), default if o_port is None else o_port) == _split_host(raw_host, default)
