@@ -49,7 +49,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from layerbank.app.probes.heads_store import HeadStore
+from layerbank.app.probes.heads_store import HEAD_FILES, HeadStore
 from layerbank.cache.runner import Claimer, release_orphans
 
 if TYPE_CHECKING:
@@ -94,7 +94,10 @@ class ProbeService:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loaded: OrderedDict[str, Any] = OrderedDict()  # head id -> loaded head
+        # head id -> (file signature, loaded head); and -> (signature, damage or None)
+        self._loaded: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._damage: dict[str, tuple[Any, str | None]] = {}
+        self._logged_damage: dict[str, str] = {}
         self._loaded_lock = threading.Lock()  # loads run in threads
 
     def _process_pool(self) -> Executor:
@@ -209,29 +212,72 @@ class ProbeService:
         self._wake.set()
 
     # -- loaded heads (predict) -----------------------------------------------------
+    def _signature(self, head_id: str) -> tuple[tuple[int, int] | None, ...]:
+        """Size and mtime of each head file: a change means the files must be read again."""
+        d = self.heads.directory(head_id)
+        sig: list[tuple[int, int] | None] = []
+        for name in HEAD_FILES:
+            try:
+                st = (d / name).stat()
+                sig.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                sig.append(None)
+        return tuple(sig)
+
     def load_head(self, head_id: str) -> Any:
-        """The saved head, loaded once and kept (a few, least recently used first out).
+        """The saved head, loaded once and kept (a few, least recently used first out)
+        while its files are unchanged; ``HeadDamaged`` when they cannot be used.
 
         Blocking (reads files): call it from a thread."""
+        sig = self._signature(head_id)
         with self._loaded_lock:
-            head = self._loaded.get(head_id)
-            if head is not None:
+            got = self._loaded.get(head_id)
+            if got is not None and got[0] == sig:
                 self._loaded.move_to_end(head_id)
-                return head
+                return got[1]
+        from layerbank.app.probes.head_files import HeadDamaged
         from layerbank.app.probes.heads import load_head
 
-        head = load_head(self.heads.directory(head_id))
+        try:
+            head = load_head(self.heads.directory(head_id))
+        except HeadDamaged as e:
+            with self._loaded_lock:
+                self._loaded.pop(head_id, None)
+                self._damage[head_id] = (sig, e.reason)
+            if self._logged_damage.get(head_id) != e.reason:
+                self._logged_damage[head_id] = e.reason  # once per damage, not per request
+                log.error("head %s is damaged: %s", head_id, e.reason)
+            raise
         with self._loaded_lock:
-            self._loaded[head_id] = head
+            self._loaded[head_id] = (sig, head)
+            self._damage[head_id] = (sig, None)
+            self._logged_damage.pop(head_id, None)
             while len(self._loaded) > _LOADED_HEADS:
                 self._loaded.popitem(last=False)
         return head
+
+    def head_damage(self, head_id: str) -> str | None:
+        """Why the saved head's files cannot be used (None: they can); checked once per
+        version of its files (size and mtime), so listing heads reads no file twice."""
+        from layerbank.app.probes.head_files import HeadDamaged
+
+        sig = self._signature(head_id)
+        with self._loaded_lock:
+            known = self._damage.get(head_id)
+        if known is not None and known[0] == sig:
+            return known[1]
+        try:
+            self.load_head(head_id)
+        except HeadDamaged as e:
+            return e.reason
+        return None
 
     def forget_head(self, head_id: str | None) -> None:
         """Drop a loaded head (None: all of them), e.g. when it is deleted."""
         with self._loaded_lock:
             if head_id is None:
                 self._loaded.clear()
+                self._damage.clear()
             else:
                 self._loaded.pop(head_id, None)
-
+                self._damage.pop(head_id, None)

@@ -142,7 +142,10 @@ def head_out(state: AppState, service: ProbeService, rec: HeadRecord) -> dict[st
     if rec.n_bytes is not None and all(k in info for k in _MODEL_KEYS):
         storage = storage_costs({k: info[k] for k in _MODEL_KEYS}, rec.n_bytes)
     meta = rec.meta
-    return {"id": rec.id, "name": rec.name, "state": job.state if job else "missing", "job_id": rec.job_id,
+    st = job.state if job else "missing"
+    damage = service.head_damage(rec.id) if st == "succeeded" and rec.n_bytes is not None else None
+    return {"id": rec.id, "name": rec.name, "state": "damaged" if damage else st, "damage": damage,
+            "job_id": rec.job_id,
             "error": job.error if job else None, "progress": job.progress if job else {},
             "dataset": rec.dataset_id, "head": rec.head, "view": rec.view, "pooling": rec.pooling,
             "model": {"name": rec.model, "fingerprint": rec.fingerprint, "extraction_config": rec.config},
@@ -152,6 +155,17 @@ def head_out(state: AppState, service: ProbeService, rec: HeadRecord) -> dict[st
             "from_probe": meta.get("from_probe"), "created": rec.created,
             "links": {"self": f"/v1/heads/{rec.id}", "predict": f"/v1/heads/{rec.id}/predict",
                       "job": f"/v1/jobs/{rec.job_id}"}}
+
+
+def _loaded(service: ProbeService, head_id: str) -> Any:
+    """The head, or 409 naming the damage of its files (they cannot give correct numbers)."""
+    from layerbank.app.probes.head_files import HeadDamaged
+
+    try:
+        return service.load_head(head_id)
+    except HeadDamaged as e:
+        raise Conflict(f"head {head_id} is damaged: {e.reason}; delete it and fit it again",
+                       extra={"damage": e.reason}) from None
 
 
 def _get(service: ProbeService, head_id: str) -> HeadRecord:
@@ -172,14 +186,17 @@ async def create_head(req: HeadCreate, state: AppState = Depends(get_state),
 @router.get("/heads", responses=_ERRORS, summary="Saved heads, oldest first")
 async def list_heads(state: AppState = Depends(get_state),
                      service: ProbeService = Depends(get_service)) -> Response:
-    recs = await run_in_threadpool(service.heads.list)
-    return json_response({"data": [head_out(state, service, r) for r in recs]})
+    def listed() -> list[dict[str, Any]]:  # head_out may read head files: off the loop
+        return [head_out(state, service, r) for r in service.heads.list()]
+
+    return json_response({"data": await run_in_threadpool(listed)})
 
 
 @router.get("/heads/{head_id}", responses=_ERRORS, summary="A head: state, size in bytes, classes")
 async def get_head(head_id: str, state: AppState = Depends(get_state),
                    service: ProbeService = Depends(get_service)) -> Response:
-    return json_response(head_out(state, service, _get(service, head_id)))
+    rec = _get(service, head_id)
+    return json_response(await run_in_threadpool(head_out, state, service, rec))
 
 
 @router.delete("/heads/{head_id}", responses=_ERRORS, summary="Delete a head and its files")
@@ -216,9 +233,9 @@ async def predict(head_id: str, req: PredictRequest, state: AppState = Depends(g
                        f"extraction config {rec.config}); this server serves {m.name} ({m.fingerprint}, "
                        f"{m.config}), whose features it cannot read")
     check_texts(req.texts, state)
+    head = await run_in_threadpool(_loaded, service, rec.id)  # before any text is encoded for it
     view = "all_layers" if rec.view == "scalar_mix" else rec.view
     r = await compute_features(state, req.texts, view, rec.pooling, m.fingerprint, m.precision)
-    head = await run_in_threadpool(service.load_head, rec.id)
     proba = await run_in_threadpool(head.predict_proba, r.data)
     classes = [str(c) for c in head.classes_]
     best = np.argmax(proba, axis=1)
