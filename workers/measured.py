@@ -10,9 +10,18 @@ the library versions and the model fingerprint: anything that changes the
 answer), and every later start reads that file instead of measuring again.
 Delete the file to measure again.
 
-The file is written to a temporary name and ``os.replace``d, so a crash
-leaves either the old decision or none, never half of one; an unreadable
-file is measured again.
+The file is written to a temporary name, fsynced and ``os.replace``d, so a
+crash leaves either the old decision or none, never half of one. It holds
+the decision as ``{"payload": {...}, "sha256": <of the payload>}`` and is
+verified when read: the checksum, then the schema (kind, a choice of that
+kind's candidates, a finite positive ratio, finite figures, the key it was
+made for). A file that fails either (half written, edited, bit-rotted: issue
+25 found ``"ratio": "fast"`` made a restart loop and ``"choice": "fp16"``
+stopped the server blaming ``--precision``) is named in one WARNING line
+and measured again; never trusted, never fatal. A bare decision written
+before the checksum existed is kept when it passes the schema (so an
+upgrade does not re-measure, and so change, a stored precision) and
+rewritten with its checksum.
 
 Example::
 
@@ -26,15 +35,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Measured", "cpu_model", "measured_choice", "time_alternating"]
+__all__ = ["CHOICES", "Measured", "cpu_model", "measured_choice", "temp_name", "time_alternating"]
+
+log = logging.getLogger("layerbank.measured")
+
+# what each kind of decision may choose: anything else in a stored file is damage
+CHOICES: dict[str, tuple[str, ...]] = {"engine": ("torch", "onnx"), "precision": ("fp32", "bf16")}
 
 
 @dataclass(frozen=True)
@@ -78,24 +93,89 @@ def _path(directory: Path, kind: str, key: Mapping[str, str]) -> Path:
     return directory / "measured" / f"{kind}-{digest}.json"
 
 
+class _Damaged(ValueError):
+    """A stored decision that fails its checksum or its schema; the message says which."""
+
+
+def _digest(payload: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check(payload: object, kind: str) -> Measured:
+    """The decision ``payload`` holds, or _Damaged naming the first field that is wrong."""
+    if not isinstance(payload, dict):
+        raise _Damaged(f"holds {type(payload).__name__}, not a decision")
+    fields = {"kind", "choice", "ratio", "figures", "key"}
+    if set(payload) != fields:
+        raise _Damaged(f"has fields {sorted(payload)}, not {sorted(fields)}")
+    if payload["kind"] != kind:
+        raise _Damaged(f"kind {payload['kind']!r}, not {kind!r}")
+    if payload["choice"] not in CHOICES.get(kind, ()):
+        raise _Damaged(f"choice {payload['choice']!r} is not one of {', '.join(CHOICES.get(kind, ()))}")
+    if not _finite(payload["ratio"]) or payload["ratio"] <= 0:
+        raise _Damaged(f"ratio {payload['ratio']!r} is not a positive number")
+    figures, key = payload["figures"], payload["key"]
+    if not isinstance(figures, dict) or not all(isinstance(k, str) and _finite(v) for k, v in figures.items()):
+        raise _Damaged(f"figures {figures!r} are not numbers by name")
+    if not isinstance(key, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in key.items()):
+        raise _Damaged(f"key {key!r} is not strings by name")
+    return Measured(kind, str(payload["choice"]), float(payload["ratio"]),
+                    {k: float(v) for k, v in figures.items()}, dict(key), reused=True)
+
+
 def _read(path: Path, kind: str, key: Mapping[str, str]) -> Measured | None:
+    """The verified decision in ``path``; None (measure again) when absent, damaged or another key's."""
     try:
-        data = json.loads(path.read_text())
-        found = Measured(**{**data, "reused": True})
-    except (OSError, ValueError, TypeError):
-        return None  # absent or unreadable: measure again
-    return found if found.kind == kind and found.key == dict(key) else None
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        log.warning("measured decision %s cannot be read (%s); measuring again", path, e)
+        return None
+    try:
+        doc = json.loads(text)
+        if isinstance(doc, dict) and "sha256" in doc:
+            payload = doc.get("payload")
+            if set(doc) != {"payload", "sha256"} or not isinstance(payload, dict) \
+                    or doc["sha256"] != _digest(payload):
+                raise _Damaged("fails its sha256 checksum")
+            found = _check(payload, kind)
+        else:  # written before decisions carried a checksum: kept if it passes the schema
+            found = _check(doc, kind)
+            try:
+                _write(path, found)
+                log.info("measured decision %s rewritten with its checksum", path)
+            except OSError:
+                pass  # a read-only data directory: still the decision, checked by its schema
+    except (ValueError, OSError) as e:  # json's errors and _Damaged are ValueErrors
+        log.warning("measured decision %s is damaged (%s); measuring again", path, e)
+        return None
+    return found if found.key == dict(key) else None
+
+
+def temp_name(path: Path, pid: int | None = None) -> str:
+    """The temporary name a file is written under before ``os.replace``: it carries the
+    writer's pid, so a leftover of a killed process is told from one being written
+    (``layerbank.cache.leftovers`` removes those whose process is dead)."""
+    return f"{path.name}.{os.getpid() if pid is None else pid}-{os.urandom(4).hex()}.tmp"
 
 
 def _write(path: Path, measured: Measured) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    payload = {k: v for k, v in asdict(measured).items() if k != "reused"}
+    tmp = path.parent / temp_name(path)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({k: v for k, v in asdict(measured).items() if k != "reused"}, f, indent=1)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"payload": payload, "sha256": _digest(payload)}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

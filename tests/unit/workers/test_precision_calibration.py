@@ -81,7 +81,7 @@ def test_an_unreadable_stored_decision_is_measured_again(tmp_path: Path) -> None
     key = {"cpu": "test CPU", "torch": "x"}
     first = measured_choice(tmp_path, "precision", key, lambda: {"fp32": 1.0, "bf16": 0.5}, pick_precision)
     path = next((tmp_path / "measured").iterdir())
-    assert json.loads(path.read_text())["choice"] == "bf16" == first.choice
+    assert json.loads(path.read_text())["payload"]["choice"] == "bf16" == first.choice
     path.write_text('{"kind": "precision", "cho')  # half a file
     again = measured_choice(tmp_path, "precision", key, lambda: {"fp32": 1.0, "bf16": 2.0}, pick_precision)
     assert again.choice == "fp32" and not again.reused
