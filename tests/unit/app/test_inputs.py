@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from layerbank.app.inputs import InputError, parse_texts, read_texts
 
-SST2 = Path(__file__).resolve().parents[4] / "shared" / "data" / "sst2" / "test.tsv"
+from tests.data_paths import SST2 as SST2_DIR
+
+SST2 = SST2_DIR / "test.tsv"
 
 
 def write(tmp_path: Path, name: str, data: str | bytes) -> Path:

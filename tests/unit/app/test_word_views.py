@@ -3,7 +3,6 @@ token probe scores them the same (tiny random encoder, real CoNLL-2003 sentences
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,9 @@ from layerbank.cache.views import parse_view
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.extract import extract
 
-CONLL = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "conll2003"
+from tests.data_paths import CONLL2003
+
+CONLL = CONLL2003
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,8 @@ from layerbank.app.probes.wordsets import (
     read_wordset,
 )
 
-CONLL2003 = Path(__file__).resolve().parents[4] / "shared" / "data" / "conll2003"
+from tests.data_paths import CONLL2003
+
 
 EXPECTED = [
     TaggedSentence(("EU", "rejects", "German"), ("B-ORG", "O", "B-MISC")),
