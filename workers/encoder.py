@@ -36,13 +36,14 @@ import torch
 from layerbank.cache.fingerprint import model_fingerprint
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.poolings import DEFAULT_POOLINGS, parse_poolings
+from layerbank.cache.sentence_recipe import read_recipe
 from layerbank.cache.shard import TokenRows
 
 from .long_texts import head_for_tokens
 from .pooling import pool_hidden_states
 from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 # defined without torch, so the command line can fail on a missing model before importing torch
-from .model_source import ModelLoadError, locate_model
+from .model_source import ModelLoadError, locate_model, recipe_directory
 
 __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
 
@@ -136,7 +137,9 @@ class Encoder:
                 "model_max_length": model_max,
                 "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
                 "precision_modes": precision_table(dev), "storage_dtype": storage_dtype,
-                "poolings": list(parse_poolings(poolings))}
+                "poolings": list(parse_poolings(poolings)),
+                # what /v1/embeddings answers by default (layerbank.cache.sentence_recipe)
+                "sentence_recipe": read_recipe(recipe_directory(source))}
         enc = cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info,
                   poolings=parse_poolings(poolings))
         # engine and precision "auto" are measured here, once per machine (stored in data_dir)

@@ -20,6 +20,7 @@ like ``layer:9`` on a 6-layer model is refused before torch is imported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -138,3 +139,35 @@ def _unreachable(endpoint: str, timeout: float) -> str | None:
         return f"no answer from {host}:{port} within {timeout:g} s"
     except OSError as e:
         return f"{host}:{port}: {e.strerror or e}"
+
+
+# the files a sentence-transformers recipe reads (layerbank.cache.sentence_recipe), besides the
+# Pooling module's config, whose folder modules.json names
+_RECIPE_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+
+
+def recipe_directory(source: ModelSource) -> Path | None:
+    """Where the model's sentence-transformers recipe files are, for ``read_recipe``.
+
+    A local model's own directory. A hub model that ``from_pretrained`` just
+    downloaded lacks them (it fetches weights and tokenizer only): the few
+    small files are fetched into the same cache; None when the model ships no
+    modules.json or the hub cannot be asked.
+    """
+    if source.directory is not None:
+        return source.directory
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        modules = Path(hf_hub_download(source.name, "modules.json"))
+        for f in _RECIPE_FILES[1:]:
+            with contextlib.suppress(EntryNotFoundError):
+                hf_hub_download(source.name, f)
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+        for m in entries if isinstance(entries, list) else []:
+            if str(m.get("type", "")).endswith("Pooling") and m.get("path"):
+                hf_hub_download(source.name, f"{m['path']}/config.json")
+        return modules.parent
+    except Exception:  # noqa: BLE001 - no recipe is an answer (the server default), not a failure
+        return None

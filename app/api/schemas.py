@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from layerbank.cache.keys import PrecisionChoice
 from layerbank.cache.poolings import PoolingName
@@ -122,6 +122,13 @@ class FeaturesResponse(BaseModel):
 
 
 # -- OpenAI-compatible embeddings --------------------------------------------
+_EMBEDDING_DEFAULT = ("layerbank extension; default: the model's sentence-transformers recipe where it "
+                      "ships one, else the server's default (GET /info, models[].embeddings)")
+TOKEN_IDS_REFUSED = ("token ids are not accepted: layerbank stores features by text, so send the texts "
+                     "themselves (LangChain's OpenAIEmbeddings sends token ids unless created with "
+                     "check_embedding_ctx_length=False)")
+
+
 class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     input: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="a text or a list of texts")
@@ -129,9 +136,21 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="must equal the view's width when given")
     user: str | None = None
-    view: str | None = Field(None, description="layerbank extension; default in /info")
-    pooling: Pooling | None = Field(None, description="layerbank extension; default in /info")
+    view: str | None = Field(None, description=_EMBEDDING_DEFAULT)
+    pooling: Pooling | None = Field(None, description=_EMBEDDING_DEFAULT)
+    normalize: bool | None = Field(None, description="layerbank extension: L2-normalise each vector; "
+                                   + _EMBEDDING_DEFAULT.removeprefix("layerbank extension; "))
     precision: Precision | None = Field(None, description="layerbank extension; " + _PRECISION)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value: Any) -> Any:
+        # what LangChain's OpenAIEmbeddings sends by default: say why and what to set, not
+        # pydantic's "Input should be a valid string (and 1 more problem)"
+        if isinstance(value, list) and any(
+                isinstance(v, list) or (isinstance(v, int) and not isinstance(v, bool)) for v in value):
+            raise ValueError(TOKEN_IDS_REFUSED)
+        return value
 
 
 class EmbeddingItem(BaseModel):

@@ -32,6 +32,7 @@ from typing import Any
 
 from layerbank.app.api.batcher import ENCODE_PRIORITY
 from layerbank.app.api.deps import AppState, ModelRef
+from layerbank.app.api.embedding_recipe import describe as describe_embeddings
 from layerbank.app.api.errors import InvalidInput, NotReady, Timeout, job_failure
 from starlette.concurrency import run_in_threadpool
 
@@ -136,6 +137,8 @@ def describe_models(state: AppState) -> list[dict[str, Any]]:
             row.update({"name": m.name, "path": m.info.get("path"), "fingerprint": m.fingerprint,
                         "layers": m.n_hidden_states - 1, "n_hidden_states": m.n_hidden_states,
                         "hidden_size": m.hidden_size, "precision": m.precision,
-                        "extraction_config": m.config})
+                        "extraction_config": m.config,
+                        # what /v1/embeddings answers for it, and from which files
+                        "embeddings": describe_embeddings(m.info, state.settings)})
         out.append(row)
     return out

@@ -30,8 +30,9 @@ def test_default_call_base64_decoded_by_the_client(client: openai.OpenAI,
     assert res.object == "list" and res.model == "all-MiniLM-L6-v2 (embedded)"
     assert [d.index for d in res.data] == list(range(5))
     got = np.array([d.embedding for d in res.data], dtype=np.float32)
-    want, n_tokens = _features(layerbank_server, texts)  # the default view, now cached
-    np.testing.assert_array_equal(got, want)
+    # the model's recipe (last layer, mean, normalised: test_embeddings_recipe.py), from the stored rows
+    want, n_tokens = _features(layerbank_server, texts, view="layer:-1")
+    np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True), atol=1e-6)
     assert res.usage.prompt_tokens == res.usage.total_tokens == sum(n_tokens)
 
 
@@ -41,11 +42,12 @@ def test_float_format_single_string_and_extra_view(client: openai.OpenAI,
     one = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], encoding_format="float")
     assert len(one.data) == 1 and len(one.data[0].embedding) == 384
     last = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float",
-                                    extra_body={"view": "layer:-1", "pooling": "mean"})
-    want, _ = _features(layerbank_server, texts, view="layer:-1")
+                                    extra_body={"view": "layer:-2", "pooling": "mean", "normalize": False})
+    want, _ = _features(layerbank_server, texts, view="layer:-2")
     np.testing.assert_array_equal(np.array([d.embedding for d in last.data], np.float32), want)
-    np.testing.assert_array_equal(np.array(one.data[0].embedding, np.float32),
-                                  _features(layerbank_server, texts[:1])[0][0])
+    first = _features(layerbank_server, texts[:1], view="layer:-1")[0][0]
+    np.testing.assert_allclose(np.array(one.data[0].embedding, np.float32),
+                               first / np.linalg.norm(first), atol=1e-6)
 
 
 def test_errors_reach_the_client_as_openai_exceptions(client: openai.OpenAI) -> None:

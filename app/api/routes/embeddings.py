@@ -1,14 +1,21 @@
 """``POST /v1/embeddings``: the OpenAI embeddings API, so an OpenAI client
 pointed at layerbank (``base_url=http://host:port/v1``) works unchanged.
 
-- ``input``: a string or a list of strings (token-id arrays are refused: the
-  store is keyed by text).
+- ``input``: a string or a list of strings (token-id arrays are a 422 that
+  names LangChain's ``check_embedding_ctx_length=False``: the store is keyed
+  by text).
 - ``encoding_format``: ``float`` (lists) or ``base64`` (little-endian float32,
   as OpenAI sends it; the official client asks for base64 by default and
   decodes it).
-- The vectors are the server's default view and pooling (``/info``); the
-  layerbank extensions ``view`` and ``pooling`` (``extra_body`` in the client)
-  choose others. ``dimensions``, when given, must equal the vector width.
+- The vectors are the model's own sentence embedding where it ships a
+  sentence-transformers recipe (``modules.json``: for all-MiniLM-L6-v2 the
+  last layer, mean-pooled, L2-normalised, as ``SentenceTransformer.encode``
+  gives), made from the stored rows; without a recipe, the server's default
+  view and pooling, unnormalised (app/api/embedding_recipe.py). ``/info``
+  says which, per model (``models[].embeddings``). The layerbank extensions
+  ``view``, ``pooling`` and ``normalize`` (``extra_body`` in the client)
+  override each part. ``/v1/features`` keeps the server's research default.
+  ``dimensions``, when given, must equal the vector width.
 - ``usage.prompt_tokens``: tokens of every input, cached or not.
 - ``model``: any name ``/info`` lists for the served model (``model_names``
   in the schema: ``default``, ``all-MiniLM-L6-v2``, its hub name, its
@@ -27,12 +34,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
-
 from layerbank.app.api.deps import AppState, get_state
+from layerbank.app.api.embedding_recipe import choose
 from layerbank.app.api.errors import InvalidInput
-from layerbank.app.api.served_models import ensure_model
 from layerbank.app.api.routes.features import (
     check_texts,
     compute_features,
@@ -42,6 +49,7 @@ from layerbank.app.api.routes.features import (
     resolve_request,
 )
 from layerbank.app.api.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIErrorResponse
+from layerbank.app.api.served_models import ensure_model, find_model
 
 __all__ = ["router"]
 
@@ -57,19 +65,22 @@ async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state
     if not texts:
         raise InvalidInput("input: give a text or a non-empty list of texts", field="input")
     check_texts(texts, state, field="input")
-    view = state.settings.default_view if req.view is None else req.view
-    if view == "all_layers":
+    if req.view == "all_layers":
         raise InvalidInput("input: /v1/embeddings returns one vector per text; use /v1/features "
                            "for all_layers", field="view")
     await ensure_model(state, req.model)  # another served model's first use loads it
-    m, parsed = resolve_request(state, view, req.model, req.precision)
+    # the model's own recipe, part by part overridden by the request (app/api/embedding_recipe.py)
+    how = choose(find_model(state, req.model).info, state.settings, view=req.view,
+                 pooling=req.pooling, normalize=req.normalize)
+    m, parsed = resolve_request(state, how.view, req.model, req.precision)
     dim = parsed.output_dim(m.n_hidden_states, m.hidden_size)
     if req.dimensions is not None and req.dimensions != dim:
         raise InvalidInput(f"dimensions: this view gives {dim}-dimensional vectors; vectors are not "
                            f"truncated (omit dimensions or send {dim})", field="dimensions")
-    r = await compute_features(state, texts, view, req.pooling, req.model, req.precision)
+    r = await compute_features(state, texts, how.view, how.pooling, req.model, req.precision)
+    data = _unit_rows(r.data) if how.normalize else r.data
     fmt = "base64" if req.encoding_format == "base64" else "json"
-    rows = encode_rows(r.data, fmt, "float32")
+    rows = encode_rows(data, fmt, "float32")
     tokens = int(sum(r.n_tokens))
     return json_response({
         "object": "list",
@@ -77,3 +88,10 @@ async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state
         "model": r.model.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """Each row L2-normalised, as sentence-transformers' Normalize module does (eps 1e-12)."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, np.float32(1e-12))
