@@ -16,8 +16,21 @@ from layerbank.app.api.settings import Settings
 from layerbank.cache.keys import PRECISION_CHOICES
 from layerbank.cache.poolings import POOLING_NAMES
 
-__all__ = ["add_flag", "add_common_flags", "add_poolings_flag", "settings_from", "fail",
-           "add_progress_flag", "quiet_progress"]
+__all__ = [
+    "URL_HINT",
+    "add_common_flags",
+    "add_flag",
+    "add_poolings_flag",
+    "add_progress_flag",
+    "add_url_flag",
+    "fail",
+    "quiet_progress",
+    "settings_from",
+    "through_a_server",
+]
+
+# what `features` and `probe` add to the refusal of a data directory a server holds
+URL_HINT = "--url URL (env LAYERBANK_URL)"
 
 
 def _env(flag: str) -> str:
@@ -68,6 +81,28 @@ def add_poolings_flag(p: argparse.ArgumentParser) -> None:
     own ``--poolings`` says which to probe)."""
     p.add_argument("--poolings", help="poolings stored per text, comma-separated, from: "
                    f"{', '.join(POOLING_NAMES)} (default: mean,cls,max) [env LAYERBANK_POOLINGS]")
+
+
+def add_url_flag(p: argparse.ArgumentParser) -> None:
+    """``--url`` (twin LAYERBANK_URL): read through a running server, as ``Bank(url=...)`` does.
+
+    A server holds its data directory; without this flag the command is refused there."""
+    add_flag(p, "--url", help="read through the layerbank server at this address (e.g. "
+             "http://127.0.0.1:8000; its API key from LAYERBANK_API_KEY) instead of the data directory: "
+             "nothing is loaded here")
+
+
+def through_a_server(message: str, data_dir: Any) -> str:
+    """A refusal of a held data directory, plus how ``--url`` reads through its server
+    (the address from the server.json the server wrote, when it wrote one)."""
+    import json
+    from pathlib import Path
+
+    try:
+        url = json.loads((Path(data_dir) / "server.json").read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{message}; to read through a server: {URL_HINT}"
+    return f"{message}; to read through that server: --url {url}"
 
 
 def add_progress_flag(p: argparse.ArgumentParser) -> None:

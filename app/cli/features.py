@@ -1,4 +1,10 @@
-"""``layerbank features FILE --view V --pooling P --out X.npy``."""
+"""``layerbank features FILE --view V --pooling P --out X.npy [--url URL]``.
+
+In-process by default (the data directory held while it runs); with ``--url``
+(``LAYERBANK_URL``) the matrix comes from a running server's ``/v1/features``
+(layerbank.Client), as ``Bank(url=...)`` reads it: the way to use a data
+directory that server holds.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
+from layerbank.app.cli.common import (
+    add_common_flags,
+    add_flag,
+    add_poolings_flag,
+    add_url_flag,
+    fail,
+    settings_from,
+    through_a_server,
+)
 from layerbank.app.cli.extract import add_input_flags, load_table
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.feature_files import OutPathError, check_out_path, write_features
@@ -27,6 +40,7 @@ def register(sub: Any) -> None:
     add_flag(p, "--pooling", default="mean", choices=POOLING_NAMES, help="pooling (one of --poolings)")
     add_flag(p, "--out", required=False, help="output file: .npy, .parquet or .h5 "
              "(the suffix says the format)")
+    add_url_flag(p)
     p.set_defaults(run=run)
 
 
@@ -41,12 +55,14 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
         raise
     settings = settings_from(args)
+    if args.url:
+        return _through(args, settings, out, view)
     if args.pooling not in settings.pooling_names:
         fail(f"--pooling {args.pooling} is not among the poolings stored ({settings.poolings}); "
              f"add it: --poolings {settings.poolings},{args.pooling}")
     table = load_table(args)
     source = locate(settings)
-    with StoreFirst.open(settings, source) as sf:
+    with StoreFirst.open(settings, source, url_flag=True) as sf:
         if (h := sf.n_hidden_states) is not None:
             _check_view(view, h)
         stored = sf.read_view(table.texts, view, args.pooling)
@@ -57,8 +73,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         ex = LocalExtractor.open(settings.data_dir, model=settings.model,
                                  **settings.extraction_options(), threads=settings.threads)
-    except (ModelLoadError, RuntimeError) as e:
+    except ModelLoadError as e:
         fail(str(e))
+        raise
+    except RuntimeError as e:  # a server took the data directory meanwhile
+        fail(through_a_server(str(e), settings.data_dir))
         raise
     with ex:
         from layerbank.app.cli.cost import announce
@@ -75,6 +94,21 @@ def run(args: argparse.Namespace) -> int:
             fail(str(e))
             raise
     return _write(out, x, table.texts, view, args.pooling, ex.model_name)
+
+
+def _through(args: argparse.Namespace, settings: Any, out: Path, view: View) -> int:
+    """The matrix from the server at ``--url``: its store, its model (``--model`` names one it serves)."""
+    from layerbank.app.client import ApiError, Client
+
+    table = load_table(args)
+    try:
+        with Client(args.url, api_key=settings.api_key) as client:
+            x, info = client.features(table.texts, view.spec, args.pooling, model=args.model,
+                                      precision=args.precision, return_info=True)
+    except ApiError as e:
+        fail(f"{args.url}: {e}")
+        raise
+    return _write(out, np.asarray(x, dtype=np.float32), table.texts, view, args.pooling, info["model"])
 
 
 def _check_view(view: View, n_hidden_states: int) -> None:

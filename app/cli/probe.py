@@ -24,6 +24,11 @@ task and selectivity (layerbank.app.probes.token_probe). ``FILE --valid-fraction
 instead of ``--train/--valid`` splits one file (seeded). ``--plot DIR``
 writes ``token_probe.png``.
 
+``--url URL`` (``LAYERBANK_URL``) runs the sentence probe on a running server
+instead (the file uploaded as a dataset, then ``/v1/probes``, as
+``Bank(url=...).probe`` does) and prints the same report: the way to use a data
+directory that server holds.
+
 Every flag has a ``LAYERBANK_*`` twin; list flags take commas.
 """
 
@@ -37,11 +42,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
-from layerbank.app.probes.head_names import PROBE_HEADS, describe
-from layerbank.cache.poolings import POOLING_NAMES
+from layerbank.app.cli.common import (
+    add_common_flags,
+    add_flag,
+    add_url_flag,
+    fail,
+    settings_from,
+    through_a_server,
+)
 from layerbank.app.cli.extract import load_table
 from layerbank.app.cli.store_first import StoreFirst, locate
+from layerbank.app.probes.head_names import PROBE_HEADS, describe
+from layerbank.cache.poolings import POOLING_NAMES
 
 __all__ = ["register", "run"]
 
@@ -82,6 +94,7 @@ def register(sub: Any) -> None:
     add_flag(p, "--plot", help="directory to write the plots (PNG) into")
     add_flag(p, "--json", help="file to write the whole result into (JSON)")
     add_flag(p, "--no-progress", action="store_true", help="no progress bars")
+    add_url_flag(p)
     p.set_defaults(run=run)
 
 
@@ -95,8 +108,11 @@ def _open(settings: Any) -> Any:
     try:
         return LocalExtractor.open(settings.data_dir, model=settings.model,
                                    **settings.extraction_options(), threads=settings.threads)
-    except (ModelLoadError, RuntimeError) as e:  # RuntimeError: a server holds the data directory
+    except ModelLoadError as e:
         fail(str(e))
+        raise
+    except RuntimeError as e:  # a server holds the data directory
+        fail(through_a_server(str(e), settings.data_dir))
         raise
 
 
@@ -160,6 +176,8 @@ def _run_sentence(args: argparse.Namespace) -> int:
         check_labels(table.labels, args.cv)
     except ProbeInputError as e:
         fail(f"{args.file}, label column {args.label_column!r}: {e}")
+    if args.url:
+        return _report(args, _probe_through(args, settings, table, views, poolings, sizes))
     if (stored := _stored_states(settings, table.texts, views, poolings)) is not None:
         # every text stored: torch and the weights stay unloaded (app/cli/store_first.py)
         return _probe_and_report(args, stored[0], table.labels, views, poolings, sizes, stored[1])
@@ -187,7 +205,7 @@ def _stored_states(settings: Any, texts: list[str], views: list[str],
     from layerbank.app.probes.inputs import ProbeInputError, expand_views
     from layerbank.app.probes.requests import model_summary
 
-    with StoreFirst.open(settings, locate(settings)) as sf:
+    with StoreFirst.open(settings, locate(settings), url_flag=True) as sf:
         try:
             if (h := sf.n_hidden_states) is not None:
                 expand_views(views, h)
@@ -228,6 +246,30 @@ def _probe_and_report(args: argparse.Namespace, states: dict[str, Any], labels: 
         fail(str(e))
         raise
     bar.close()
+    return _report(args, result)
+
+
+def _probe_through(args: argparse.Namespace, settings: Any, table: Any, views: list[str],
+                   poolings: list[str], sizes: list[int]) -> dict[str, Any]:
+    """The probe's result from the server at ``--url``: the file's rows uploaded as a
+    dataset (extracted there, once), then ``/v1/probes`` with this command's options."""
+    from layerbank.app.client import ApiError, Client
+
+    try:
+        with Client(args.url, api_key=settings.api_key) as client:
+            ds = client.upload_dataset(f"layerbank probe {Path(args.file).name}", table.texts,
+                                       labels=list(table.labels), model=args.model,
+                                       precision=args.precision)
+            return client.probe(ds, progress=not args.no_progress, views=views, poolings=poolings,
+                                head=args.head, cv=args.cv, seed=args.seed,
+                                control_task=not args.no_control_task, mdl=not args.no_mdl,
+                                learning_curve=not args.no_learning_curve, train_sizes=sizes)
+    except ApiError as e:
+        fail(f"{args.url}: {e}")
+        raise
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
     print(_sentence_table(result))
     if args.plot:
         from layerbank.app.probes.plots import learning_curve_png, probe_plot_png
@@ -313,6 +355,9 @@ def _run_token(args: argparse.Namespace) -> int:
         fail(str(e))
         raise
     settings = settings_from(args)
+    if args.url:
+        fail("--url runs the sentence task through a server; a token probe runs in-process "
+             "(or POST /v1/probes with words and tags, docs/probes.md)")
     if (stored := _stored_word_states(settings, texts, train, valid, args.word_mode)) is not None:
         train_states, valid_states, model = stored  # every sentence stored: no torch, no weights
     else:
@@ -376,7 +421,7 @@ def _stored_word_states(settings: Any, texts: list[str], train: list[Any], valid
     from layerbank.app.probes.requests import model_summary
     from layerbank.app.probes.word_features import word_states
 
-    with StoreFirst.open(settings, locate(settings)) as sf:
+    with StoreFirst.open(settings, locate(settings), url_flag=True) as sf:
         if sf.model is None or sf.all_stored(texts, want_tokens=True) is None:
             return None
         fp, config = sf.model.fingerprint, sf.model.config

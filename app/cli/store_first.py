@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from layerbank.app.api.settings import Settings
-from layerbank.app.cli.common import fail
+from layerbank.app.cli.common import fail, through_a_server
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import View
@@ -63,11 +63,12 @@ class StoreFirst:
         self._lock = lock
 
     @classmethod
-    def open(cls, settings: Settings, source: ModelSource) -> "StoreFirst":
+    def open(cls, settings: Settings, source: ModelSource, *, url_flag: bool = False) -> "StoreFirst":
+        """``url_flag``: the command takes ``--url``, and its refusal of a held directory says so."""
         try:
             lock = hold_data_dir(settings.data_dir)
         except RuntimeError as e:  # a server holds it: the words LocalExtractor and Bank use
-            fail(str(e))
+            fail(through_a_server(str(e), settings.data_dir) if url_flag else str(e))
             raise
         try:
             store = FeatureStore(settings.data_dir, clean=True)
