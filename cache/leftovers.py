@@ -12,7 +12,13 @@ it removes only what no live writer can own:
 - head temp directories ``heads/.hd_<id>.tmp-<pid>-*`` whose process is dead;
 - ``server.json`` whose server process is dead (a SIGKILLed ``serve``);
 - a big request's texts file (``requests/<job>.json``, ``cache/request_texts.py``)
-  whose job is over or gone, left by an API that died while it waited.
+  whose job is over or gone, left by an API that died while it waited;
+- temporary files of the derived files (``engines/onnx/*.tmp``: an ONNX
+  export or its record; ``measured/*.tmp``: a measured decision) whose
+  writer is dead: their names carry the writer's pid
+  (``<final name>.<pid>-<random>.tmp``, workers/measured.py ``temp_name``); a
+  name without one (written before pids were in it) older than this
+  worker's start. A Bank killed during the ONNX export left one forever.
 
 Call after ``release_orphans`` (so jobs of dead runners no longer count as held).
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 
 from .jobs import JobQueue, pid_alive
@@ -39,7 +46,8 @@ def _dead_pid(text: str) -> bool:
 def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> dict[str, int]:
     """Remove crash leftovers older than ``started`` that no live writer owns; counts by kind."""
     held = set(queue.running_owners())
-    removed = {"shard_files": 0, "head_temp_dirs": 0, "server_json": 0, "request_texts": 0}
+    removed = {"shard_files": 0, "head_temp_dirs": 0, "server_json": 0, "request_texts": 0,
+               "engine_temp_files": 0}
     for p in sorted(store.shard_dir.iterdir()):
         temp = p.name.endswith(".h5.tmp")
         name = p.name.removesuffix(".tmp")
@@ -73,11 +81,41 @@ def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> 
     except (OSError, ValueError, AttributeError):
         pass
     removed["request_texts"] = _request_texts(store, queue, started)
+    removed["engine_temp_files"] = _derived_temps(store, started)
     if any(removed.values()):
         log.warning("removed crash leftovers: %d shard files, %d head temp directories, %d stale "
-                    "server.json, %d request texts files", removed["shard_files"],
-                    removed["head_temp_dirs"], removed["server_json"], removed["request_texts"])
+                    "server.json, %d request texts files, %d engine/measurement temp files",
+                    removed["shard_files"], removed["head_temp_dirs"], removed["server_json"],
+                    removed["request_texts"], removed["engine_temp_files"])
     return removed
+
+
+# ``<final name>.<pid>-<hex>.tmp``: the writer's pid (workers/measured.py temp_name)
+_TEMP_PID = re.compile(r"\.(\d+)-[0-9a-f]+\.tmp$")
+_DERIVED_DIRS = ("engines/onnx", "measured")
+
+
+def _derived_temps(store: FeatureStore, started: float) -> int:
+    """Temp files of ONNX exports and measured decisions whose writer is dead (or, for a
+    name without a pid, that are older than ``started``)."""
+    n = 0
+    for sub in _DERIVED_DIRS:
+        d = store.root / sub
+        if not d.is_dir():
+            continue
+        for p in d.glob("*.tmp"):
+            m = _TEMP_PID.search(p.name)
+            try:
+                if m is not None:
+                    if not _dead_pid(m.group(1)):
+                        continue  # being written now, by a live process
+                elif p.stat().st_mtime >= started:
+                    continue
+                p.unlink()
+                n += 1
+            except FileNotFoundError:
+                continue
+    return n
 
 
 # an API writes a request's texts file just before it submits the job: a file this young

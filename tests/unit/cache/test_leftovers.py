@@ -51,7 +51,8 @@ def test_a_starting_worker_removes_crash_leftovers_only(store: FeatureStore) -> 
     started = time.time() + 1  # this worker started after every file above was written
 
     removed = clean_leftovers(store, q, started=started)
-    assert removed == {"shard_files": 2, "head_temp_dirs": 1, "server_json": 1, "request_texts": 2}
+    assert removed == {"shard_files": 2, "head_temp_dirs": 1, "server_json": 1, "request_texts": 2,
+                       "engine_temp_files": 0}
     assert sorted(p.name for p in reqs.iterdir()) == sorted(  # queued, running, just written
         [f"{running}.json", f"{idle}.json", "00112233445566ff.json"])
     assert sorted(p.name for p in sd.iterdir()) == sorted(
@@ -69,7 +70,8 @@ def test_files_newer_than_the_worker_are_left_alone(store: FeatureStore) -> None
     requests_dir(store.root).mkdir()
     (requests_dir(store.root) / "0123456789abcdef.json").write_text('["its API is writing it"]')
     assert clean_leftovers(store, q, started=time.time() - 60) == {"shard_files": 0, "head_temp_dirs": 0,
-                                                                   "server_json": 0, "request_texts": 0}
+                                                                   "server_json": 0, "request_texts": 0,
+                                                                   "engine_temp_files": 0}
     assert (requests_dir(store.root) / "0123456789abcdef.json").exists()
     assert (store.shard_dir / f"{job}-00000.h5.tmp").exists() and (store.root / "server.json").exists()
 

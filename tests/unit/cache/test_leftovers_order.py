@@ -54,12 +54,13 @@ def test_every_leftover_is_judged_on_its_own_and_counted(store: FeatureStore,
     started = time.time() - 60  # after the aged files, before the new one
     with caplog.at_level(logging.WARNING, logger="layerbank"):
         removed = clean_leftovers(store, q, started=started)
-    assert removed == {"shard_files": 4, "head_temp_dirs": 2, "server_json": 1, "request_texts": 0}
+    assert removed == {"shard_files": 4, "head_temp_dirs": 2, "server_json": 1, "request_texts": 0,
+                       "engine_temp_files": 0}
     assert sorted(p.name for p in sd.iterdir()) == ["0000-00000.h5", "3333-00000.h5.tmp", "aaaa.txt",
                                                     "compact-0f-00000.h5.tmp"]
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
         ("layerbank.worker", ("removed crash leftovers: 4 shard files, 2 head temp directories, 1 stale "
-                              "server.json, 0 request texts files"))]
+                              "server.json, 0 request texts files, 0 engine/measurement temp files"))]
     assert store.read_pooled([key(store, "kept")], "mean").found.all()
 
 
@@ -83,4 +84,4 @@ def test_request_texts_past_the_grace_go_and_the_rest_stay_in_any_order(store: F
 def test_nothing_to_clean_counts_nothing(store: FeatureStore) -> None:
     assert not requests_dir(store.root).exists()
     assert clean_leftovers(store, JobQueue(store.catalog), started=time.time()) == {
-        "shard_files": 0, "head_temp_dirs": 0, "server_json": 0, "request_texts": 0}
+        "shard_files": 0, "head_temp_dirs": 0, "server_json": 0, "request_texts": 0, "engine_temp_files": 0}

@@ -48,7 +48,8 @@ def test_the_export_is_cached_and_reused(tiny_encoder, tmp_path: Path) -> None: 
     stamp = path.stat().st_mtime_ns
     again = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
     assert again.path == path and path.stat().st_mtime_ns == stamp  # opened, not exported again
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
+    # no temp file left behind: the export and its record (what it was made from, its sha256)
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".json"]
     # another model (fingerprint) gets its own file
     assert export_path(tmp_path, "another-model") != path
 
@@ -64,12 +65,18 @@ def test_a_half_written_export_is_ignored(tiny_encoder, tmp_path: Path) -> None:
     assert np.abs(onnx_rows - _rows(tiny_encoder).pooled["mean"]).max() < 1e-4
 
 
-def test_an_export_of_other_weights_is_refused(tiny_encoder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
+def test_an_export_of_other_weights_is_exported_again_and_a_graph_that_differs_is_refused(
+        tiny_encoder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first = OnnxEngine.open(tiny_encoder.model, tiny_encoder.fingerprint, tmp_path)
     import torch
 
-    changed = type(tiny_encoder.model)(tiny_encoder.model.config).eval()  # fresh random weights
     torch.manual_seed(1)
+    changed = type(tiny_encoder.model)(tiny_encoder.model.config).eval()  # fresh random weights
+    # the same key, but the record says other weights: exported again from these
+    again = OnnxEngine.open(changed, tiny_encoder.fingerprint, tmp_path)
+    assert again.path == first.path and os.path.exists(export_path(tmp_path, tiny_encoder.fingerprint))
+    onnx_rows = _rows(dataclasses.replace(tiny_encoder, model=changed, engine=again)).pooled["mean"]
+    assert np.abs(onnx_rows - _rows(dataclasses.replace(tiny_encoder, model=changed)).pooled["mean"]).max() < 1e-4
+    # a graph that gives other numbers than the weights it is checked against is refused
     with pytest.raises(EngineMismatch, match="differs from torch"):
-        OnnxEngine.open(changed, tiny_encoder.fingerprint, tmp_path)  # same key, wrong file
-    assert os.path.exists(export_path(tmp_path, tiny_encoder.fingerprint))
+        first.check_against(changed)
