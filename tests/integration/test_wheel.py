@@ -34,14 +34,23 @@ def test_the_wheel_in_a_fresh_venv_holds_only_layerbank(tmp_path: Path) -> None:
             shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(path, src / name)
-    # the dev venv's setuptools builds it (no build isolation: no download, same backend)
-    built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                 "-w", tmp_path / "dist", src, cwd=tmp_path)
+    # the dev venv's setuptools builds it, called as pip calls it (no build isolation: no
+    # download, same backend), so that its warnings can be read: none about package data
+    built = _run(sys.executable, "-c", "import sys, setuptools.build_meta as b; b.build_wheel(sys.argv[1])",
+                 tmp_path / "dist", cwd=src)
     assert built.returncode == 0, built.stderr
+    for warned in ("Package would be ignored", "is absent from the `packages` configuration",
+                   "SetuptoolsDeprecationWarning"):
+        assert warned not in built.stderr, built.stderr
     wheel = next((tmp_path / "dist").glob("layerbank-*.whl"))
     assert wheel.name.startswith(f"layerbank-{layerbank.__version__}-")
     with zipfile.ZipFile(wheel) as zf:
-        tops = {n.split("/")[0] for n in zf.namelist()}
+        names = set(zf.namelist())
+        tops = {n.split("/")[0] for n in names}
+    # the data files the API docs and the lab serve
+    for data in ("app/api/docs_assets/VENDORED.md", "app/api/docs_assets/redoc/redoc.standalone.js",
+                 "app/api/docs_assets/swagger-ui/swagger-ui-bundle.js", "app/api/lab/static/index.html"):
+        assert f"layerbank/{data}" in names, data
     assert tops == {"layerbank", f"layerbank-{layerbank.__version__}.dist-info"}
 
     venv = tmp_path / "fresh"

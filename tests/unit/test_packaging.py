@@ -30,7 +30,25 @@ def test_the_package_list_names_every_folder_with_an_init_under_its_mapped_name(
             if "__pycache__" in rel.parts:
                 continue
             found.add(".".join((package, *rel.parts)))
-    assert sorted(setuptools["packages"]) == sorted(found)
+    # folders of data files inside a package (no __init__.py) are listed too, as setuptools
+    # wants ("Package would be ignored" otherwise); a name with a dash is no package name,
+    # its files belong to the folder above
+    data = set()
+    for package in list(found):
+        folder = ROOT / mapping[package] if package in mapping else None
+        if folder is None:
+            top = next(p for p in mapping if package.startswith(p + "."))
+            folder = ROOT / mapping[top] / package[len(top) + 1:].replace(".", "/")
+        for sub in folder.rglob("*"):
+            rel = sub.relative_to(folder)
+            if (sub.is_dir() and not (sub / "__init__.py").exists() and "__pycache__" not in rel.parts
+                    and all(part.isidentifier() for part in rel.parts)):
+                data.add(".".join((package, *rel.parts)))
+    assert data == {"layerbank.app.api.docs_assets", "layerbank.app.api.docs_assets.redoc",
+                    "layerbank.app.api.lab.static"}
+    assert sorted(setuptools["packages"]) == sorted(found | data)
+    # each data folder says which of its files the wheel carries
+    assert data <= set(setuptools["package-data"])
     # one namespace: every installed package is layerbank or below it
     assert all(p == "layerbank" or p.startswith("layerbank.") for p in setuptools["packages"])
 

@@ -13,9 +13,9 @@ from fastapi.tiangolo.com: offline, a blank page. Here:
 - Both pages carry a Content-Security-Policy that allows only this origin
   (plus inline script and style, which the pages are made of, and blob:
   workers, which ReDoc's search uses), so the browser refuses what the
-  bundles would still fetch from elsewhere: ReDoc's "API docs by Redocly"
-  footer loads its logo from cdn.redoc.ly (the image hides itself when
-  refused).
+  bundles might still fetch from elsewhere. ReDoc's "API docs by Redocly"
+  footer loaded its logo from cdn.redoc.ly: the vendored bundle is patched
+  to draw no logo (VENDORED.md), so the page asks no other host at all.
 - Swagger UI's validator badge (an image from validator.swagger.io) is
   turned off.
 
