@@ -196,7 +196,9 @@ function downloadForm(ds, info) {
   const form = h("form", { class: "card", id: "download-form" }, h("h3", {}, "Download features"),
     h("div", { class: "fields" }, h("label", { for: "dl-view" }, "View"), view, h("label", { for: "dl-pooling" }, "Pooling"), pooling),
     h("p", { class: "muted" }, "Rows in dataset order, float32. .npy: the matrix (np.load); .parquet: columns text and ",
-      "features (pyarrow or pandas). Views: layer:K, concat_last_4, mean_all, all_layers, …"),
+      "features (pyarrow or pandas). Views: layer:K, concat_last_4, mean_all, all_layers, …",
+      " As /v1/features: the view as stored (default layer:-2, mean), unnormalised; /v1/embeddings ",
+      "answers the model's own sentence embedding instead (its sentence-transformers recipe, GET /info)."),
     h("button", { type: "submit", id: "download-npy", value: "npy" }, "Download .npy"), " ",
     h("button", { type: "submit", id: "download-parquet", value: "parquet" }, "Download .parquet"));
   form.onsubmit = async (e) => {
