@@ -26,9 +26,11 @@ from layerbank.cache.keys import ExtractionConfig, text_key
 from layerbank.cache.store import FeatureStore
 from layerbank.cache.views import parse_view
 
+from tests.data_paths import SST2 as SST2_DIR
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-SST2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "test.tsv"
+SST2 = SST2_DIR / "test.tsv"
 LAYERBANK = Path(sys.executable).parent / "layerbank"
 H, D = 7, 384
 # float16 keeps 11 bits: |stored - exact| <= |x| * 2**-11; atol covers the fp32

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.data_paths import SST2
+
 pytestmark = pytest.mark.integration
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2"
+DATA = SST2
 
 
 def _sample(path: Path, n: int, seed: int, out: Path, min_words: int = 0) -> Path:

@@ -1,6 +1,6 @@
 """Every regime end to end on a small seeded SST-2 subset, bundled model, CPU.
 
-300 sentences are drawn (seed 0) from ../shared/data/sst2/train.tsv; the
+300 sentences are drawn (seed 0) from tests/data/sst2/train.tsv; the
 stratified split keeps 60 for test and 30 for validation, and each regime
 trains on 120 of the rest for at most 2 epochs at max_length 64, one seed.
 The thresholds are what a working pipeline reaches (frozen MiniLM features
@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerbank.workers.regimes.run import run_regimes
 from layerbank.app.probes.regimes_plot import format_regimes_table
+from layerbank.workers.regimes.run import run_regimes
+
+from tests.data_paths import SST2 as SST2_DIR
 
 pytestmark = pytest.mark.integration
-SST2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "train.tsv"
+SST2 = SST2_DIR / "train.tsv"
 
 
 def _sample(n: int, seed: int) -> tuple[list[str], list[int]]:

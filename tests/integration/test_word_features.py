@@ -10,7 +10,6 @@ same words pre-split (``is_split_into_words=True``).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,9 @@ from layerbank.app.probes.word_features import sentence_texts, uncovered_words, 
 from layerbank.app.probes.wordsets import TaggedSentence, read_wordset
 from layerbank.workers.local import LocalExtractor
 
-CONLL_VALID = Path(__file__).resolve().parents[3] / "shared" / "data" / "conll2003" / "valid.txt"
+from tests.data_paths import CONLL2003
+
+CONLL_VALID = CONLL2003 / "valid.txt"
 THREADS = min(2, os.cpu_count() or 1)
 
 OURS = [
