@@ -10,6 +10,13 @@ them by an upper bound of its tokens (``token_bound``): a part's states are
 held in memory until its shard is written, so this bounds a token job's
 memory whatever its size (2,048 CoNLL sentences held 1 GB of float32 states).
 
+A job of more than one part writes its shards on a thread of their own
+(``workers/part_writer.py``): part ``p`` is written and committed while part
+``p + 1`` is tokenized and encoded, so a slow disk costs the larger of the two,
+not their sum. Commits stay in part order; a failed write fails the job with
+its error and commits nothing of that part or after it. At most two parts are
+in memory (the one being written, the one being encoded).
+
 Example::
 
     summary = extract(texts, store, encoder, job_id="cli-1")
@@ -18,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +39,7 @@ from layerbank.cache.store import FeatureStore
 
 from .batching import batch_cost_tokens, default_max_tokens, min_padding_batches
 from .long_texts import CHARS_PER_TOKEN
+from .part_writer import PartWriter
 
 if TYPE_CHECKING:  # torch loads with the encoder, not with this module: a run whose
     # texts are all stored plans and reports without it (app/cli/store_first.py)
@@ -195,15 +204,36 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
     prog = Progress(0, todo_total, 0, 0.0)
     if progress:
         progress(prog)
-    for part in plan.parts:
-        if store.is_committed(part.name):
-            # a previous attempt of this job committed this part already
-            prog.done += len(part.keys)
-            continue
-        if should_continue is not None and not should_continue():
-            raise Stopped(f"job {job_id} stopped after {prog.done} of {todo_total} texts")
-        encoded = _encode_part(encoder, part.texts, want_tokens, max_tokens, prog, t0,
-                               progress, should_continue)
+    commit = _committer(store, encoder, summary)
+    # one part: nothing to overlap, so no thread (an HTTP request's misses are one small part)
+    writer = PartWriter(commit) if len(plan.parts) > 1 else None
+    with writer if writer is not None else contextlib.nullcontext():
+        for part in plan.parts:
+            if store.is_committed(part.name):
+                # a previous attempt of this job committed this part already
+                prog.done += len(part.keys)
+                continue
+            if should_continue is not None and not should_continue():
+                raise Stopped(f"job {job_id} stopped after {prog.done} of {todo_total} texts")
+            if writer is not None:
+                writer.check()  # the writer failed on the part before: encode no more
+            encoded = _encode_part(encoder, part.texts, want_tokens, max_tokens, prog, t0,
+                                   progress, should_continue)
+            if writer is not None:
+                writer.submit((part, encoded))  # written while the next part is encoded
+            else:
+                commit((part, encoded))
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _committer(store: FeatureStore, encoder: Encoder,
+               summary: ExtractSummary) -> Callable[[tuple[Part, Encoded]], None]:
+    """What writes one encoded part as its shard and commits it (``workers/part_writer.py``
+    runs it on its own thread); the summary counts a part once it is committed."""
+
+    def commit(item: tuple[Part, Encoded]) -> None:
+        part, encoded = item
         contents = ShardContents(part.keys, encoded.n_tokens, encoded.truncated, encoded.pooled,
                                  encoded.tokens)
         summary.bytes_written += store.write(part.name, contents, model=encoder.fingerprint,
@@ -212,8 +242,8 @@ def extract(texts: Sequence[str], store: FeatureStore, encoder: Encoder, *, job_
         summary.texts_encoded += len(part.keys)
         summary.tokens_encoded += int(encoded.n_tokens.sum())
         summary.truncated += int(encoded.truncated.sum())
-    summary.seconds = time.perf_counter() - t0
-    return summary
+
+    return commit
 
 
 def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_tokens: int | None,

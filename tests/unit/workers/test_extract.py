@@ -149,14 +149,17 @@ def test_should_continue_false_stops_the_job_and_keeps_committed_parts(
         extract(TEXTS, store, tiny_encoder, job_id="j", should_continue=lambda: False)
     assert store.catalog.stats()["keys"] == 0 and tiny_encoder.calls == 0
 
-    # cancelled while part 0 is being written: part 1 must not start
-    with pytest.raises(Stopped, match="job j2 stopped after 4 of 10 texts"):
+    # cancelled once part 0 is committed: part 1 was being encoded meanwhile (the writer
+    # thread overlaps them) and is committed only if it was handed to the writer already;
+    # part 2 never starts (it waits for the hand-over of part 1, which waits for part 0)
+    with pytest.raises(Stopped):  # between parts or between batches of part 1
         extract(TEXTS, store, tiny_encoder, job_id="j2", part_size=4, max_tokens=16,
                 should_continue=lambda: not store.is_committed("j2-00000"))
-    assert store.catalog.shard_names() == {"j2-00000.h5"}
-    assert store.catalog.stats()["keys"] == 4
+    names = store.catalog.shard_names()
+    assert names in ({"j2-00000.h5"}, {"j2-00000.h5", "j2-00001.h5"})
+    assert store.catalog.stats()["keys"] == 4 * len(names)
     s = extract(TEXTS, store, tiny_encoder, job_id="j2", part_size=4)
-    assert s.cache_hits == 4 and s.texts_encoded == 6
+    assert s.cache_hits == 4 * len(names) and s.texts_encoded == 10 - 4 * len(names)
 
 
 def test_progress_reports_every_text(store: FeatureStore, tiny_encoder: Encoder) -> None:
