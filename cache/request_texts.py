@@ -16,6 +16,15 @@ crashed API is removed by the next worker that starts
 (``layerbank.cache.leftovers``). A missing file fails the job with a
 message that says so.
 
+The file is verified before its texts are trusted: the payload carries
+the sha256 of the file's bytes (``texts_sha256``), and the file must hash
+to it, decode as UTF-8 JSON and hold a list of strings. A file that fails
+(issue 25 filled one with random bytes: a 500 ``UnicodeDecodeError`` that
+named nothing) fails the job with ``DamagedRequestTexts``, which names the
+file and what was wrong; it is of failure type "unavailable" (the request
+is fine and may be sent again, which writes a fresh file). A payload of
+an older API, without the checksum, is checked by its schema alone.
+
 Example::
 
     part = to_payload(store.root, job_id, texts)   # {"texts": [...]} or {"texts_file": "..."}
@@ -26,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -34,11 +44,17 @@ from typing import Any
 
 from .errors import InputError
 
-__all__ = ["INLINE_MAX_CHARS", "discard", "requests_dir", "texts_of", "to_payload"]
+__all__ = ["INLINE_MAX_CHARS", "DamagedRequestTexts", "discard", "requests_dir", "texts_of", "to_payload"]
 
 # 1 M characters read and parsed in ~2 ms: small enough for a row that is polled
 INLINE_MAX_CHARS = 1_000_000
 _NAME = re.compile(r"[0-9A-Za-z_-]{1,64}\.json")
+
+
+class DamagedRequestTexts(RuntimeError):
+    """A request's texts file that fails its checksum or is not a list of texts."""
+
+    failure_type = "unavailable"  # the request is fine: sent again, it writes a fresh file
 
 
 def requests_dir(root: str | os.PathLike[str]) -> Path:
@@ -53,14 +69,15 @@ def to_payload(root: str | os.PathLike[str], job_id: str, texts: list[str]) -> d
     d = requests_dir(root)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f"{name}.tmp"
+    data = json.dumps(texts, ensure_ascii=False).encode("utf-8")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(texts, f, ensure_ascii=False)
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, d / name)  # never a half-written file under the name a worker reads
     except BaseException:  # a full disk: the request gets its 507, and no half file stays
         tmp.unlink(missing_ok=True)
         raise
-    return {"texts_file": name}
+    return {"texts_file": name, "texts_sha256": hashlib.sha256(data).hexdigest()}
 
 
 def texts_of(root: str | os.PathLike[str], payload: dict[str, Any]) -> list[str]:
@@ -71,12 +88,23 @@ def texts_of(root: str | os.PathLike[str], payload: dict[str, Any]) -> list[str]
     if not _NAME.fullmatch(name):  # a file name, never a path
         raise InputError(f"bad texts_file {name!r} in the job's payload")
     try:
-        with open(requests_dir(root) / name, encoding="utf-8") as f:
-            texts = json.load(f)
+        data = (requests_dir(root) / name).read_bytes()
     except FileNotFoundError:  # not the person's input: "internal", with the reason
         raise RuntimeError(f"the request's texts file requests/{name} is gone (its request "
                          "gave up waiting, or the data directory was cleaned)") from None
-    return [str(t) for t in texts]
+    want = payload.get("texts_sha256")
+    if want is not None and hashlib.sha256(data).hexdigest() != want:
+        raise DamagedRequestTexts(f"the request's texts file requests/{name} is damaged (it fails "
+                                  "the sha256 it was written with); send the request again")
+    try:
+        texts = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DamagedRequestTexts(f"the request's texts file requests/{name} is damaged (not UTF-8 "
+                                  f"JSON: {e}); send the request again") from None
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise DamagedRequestTexts(f"the request's texts file requests/{name} is damaged (it holds "
+                                  "no list of texts); send the request again")
+    return texts
 
 
 def discard(root: str | os.PathLike[str], payload: dict[str, Any]) -> None:
