@@ -141,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
     bar = _Bar(not args.no_progress, "epoch")
     with _open(settings) as ex:
         from layerbank.app.cli.cost import announce
+        from layerbank.workers.regimes.families import UnmappableModel, describe, require
+
+        try:  # a model whose layers or projections cannot be found: one line, before any work
+            require(describe(ex.encoder.model), regimes, name=repr(ex.encoder.name))
+        except UnmappableModel as e:
+            fail(str(e))
 
         announce(ex, table.texts)
         ex.extract(table.texts, job_id=run_id, progress_bar=not args.no_progress,

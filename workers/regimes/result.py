@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.workers.regimes.trainable import expected_trainable, head_params
+from layerbank.workers.regimes.formulas import formula
+from layerbank.workers.regimes.trainable import LORA_RANK, expected_trainable, head_params
 
 __all__ = ["choose", "save_artifact", "table_row"]
 
@@ -108,8 +109,12 @@ def _summary(runs: list[dict[str, Any]], **fixed: Any) -> dict[str, Any]:
 
 
 def table_row(regime: str, runs: list[dict[str, Any]], config: Any, n_frozen: int, n_classes: int,
-              base_params: int, feature_seconds: float) -> dict[str, Any]:
-    """One regime's line: scores over seeds, what trains, and what a task stores."""
+              base_params: int, feature_seconds: float, model: Any = None) -> dict[str, Any]:
+    """One regime's line: scores over seeds, what trains, and what a task stores.
+
+    ``matches_formula``: the trained count equals the family's formula from the config
+    (``formulas``), or for a family with none, the count read off ``model``'s module
+    tree; ``expected_from`` says which ("formula" / "module tree")."""
     heads = head_params(int(config.hidden_size), n_classes)
     first = runs[0]
     if regime == "frozen":
@@ -117,10 +122,12 @@ def table_row(regime: str, runs: list[dict[str, Any]], config: Any, n_frozen: in
         fixed: dict[str, Any] = {"encoder_trainable": 0, "expected_encoder_trainable": 0,
                                  "matches_formula": True, "feature_seconds": feature_seconds}
     else:
-        expected = expected_trainable(regime, config, top_k=n_frozen)
+        expected = expected_trainable(regime, config, top_k=n_frozen, model=model)
         trainable, head = first["encoder_trainable"] + heads, heads
         fixed = {"encoder_trainable": first["encoder_trainable"], "expected_encoder_trainable": expected,
-                 "matches_formula": first["encoder_trainable"] == expected}
+                 "matches_formula": first["encoder_trainable"] == expected,
+                 "expected_from": "formula" if formula(regime, config, n_frozen, LORA_RANK) is not None
+                 else "module tree"}
     # float32: what trained (LoRA adapters, biases, layers...) + the head (+ the probe's scaler)
     return _summary(runs, trainable_params=int(trainable), head_params=int(head),
                     bytes_per_task=4 * int(first["stored_params"]),

@@ -64,6 +64,7 @@ import numpy as np
 from layerbank.cache.fingerprint import default_model_path
 from layerbank.workers.batching import token_budget_batches
 from layerbank.workers.encoder import Encoder, Tokenized
+from layerbank.workers.regimes.families import describe, layout_summary, require
 from layerbank.workers.regimes.finetune import Split, TrainSettings, finetune
 from layerbank.workers.regimes.linear_probe import probe_head, probe_layers, stratified_split, subsample
 from layerbank.workers.regimes.options import RegimesOptions, default_seeds
@@ -193,6 +194,9 @@ class _Job:
             evals_y[name] = np.array([index[v] for v in np.asarray(eval_labels).tolist()])
         seeds_by_size = {s: self._seeds(len(train) if s is None else min(s, len(train))) for s in self.sizes}
         encoder = Encoder.load(model_path, device=self.device, precision="fp32", max_length=max_length)
+        # where its layers and projections are; what cannot be found fails here, before any work
+        layout = describe(encoder.model)
+        require(layout, self.regimes, name=repr(model_path))
         ids = encoder.tokenize(texts).input_ids
         eval_ids = {name: encoder.tokenize(list(t)).input_ids for name, (t, _) in (self.eval_sets or {}).items()}
         config = encoder.model.config
@@ -247,12 +251,13 @@ class _Job:
                                                        encoder, split(rows), split(val), split(test),
                                                        len(classes), n_frozen, meta, eval_splits))
             table = {r: table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
-                                   feature_seconds) for r, rs in runs.items()}
+                                   feature_seconds, model=encoder.model) for r, rs in runs.items()}
             curve.append({"train_size": len(rows), "regimes": table, **choose(table)})
         result = {"model": {"path": model_path, "fingerprint": encoder.fingerprint,
                             "encoder_params": encoder_params(encoder.model),
                             "num_layers": int(config.num_hidden_layers),
-                            "hidden_size": int(config.hidden_size)},
+                            "hidden_size": int(config.hidden_size),
+                            "layout": layout_summary(encoder.model)},
                   "split": {"n_train": len(train), "n_val": len(val), "n_test": len(test),
                             "split_seed": self.split_seed, "test_size": test_size, "val_size": val_size},
                   "settings": {"seeds": seeds_by_size[self.sizes[-1]],

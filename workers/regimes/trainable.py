@@ -1,22 +1,31 @@
 """Training regimes: which encoder parameters train, and how many there are.
 
-A regime decides what changes when a head is trained on a frozen BERT-family
-encoder. ``configure`` applies it in place (``requires_grad`` flags, and for
-``lora`` adapter layers injected with ``peft``) and returns how many encoder
+A regime decides what changes when a head is trained on a frozen encoder.
+``configure`` applies it in place (``requires_grad`` flags, and for ``lora``
+adapter layers injected with ``peft``) and returns how many encoder
 parameters now train; ``expected_trainable`` derives the same number by hand
-from the model config, so the two can be checked against each other.
+from the model config (``formulas``), or, for a family with no formula, from
+the module tree (``tree_trainable``), so the two can be checked against each
+other. Where the layers, embeddings and query/value projections are comes
+from the family's layout (``families.describe``): BERT's names are one case.
 
     frozen   nothing in the encoder trains (the head is a probe on features)
     bitfit   every bias term (attention, feed-forward and LayerNorm biases)
-    lora     LoRA rank r on the query and value projections: L x 2 x 2 x d x r
+    lora     LoRA rank r on the family's query and value projections
+             (ModernBERT: its fused Wqkv): L x 2 x 2 x d x r
     top_k    embeddings and the first N layers frozen, layers N..L-1 train
+             (and what sits above the last layer, e.g. ModernBERT's final_norm)
     gradual  everything, unfrozen from the top (the schedule is finetune's)
     full     everything
 
-The BERT pooler (dense + tanh over [CLS]) is never trained: the head reads the
-mean-pooled last hidden state, so the pooler gets no gradient, and counting it
-as "trainable" would overstate what a task must store. Counts exclude the
-classification head; callers add ``head_params``.
+ALBERT shares one layer across all positions: ``top_k`` trains it when
+N < L, ``gradual`` thaws it in one step, then the embeddings (families.py).
+The pooler (dense + tanh over [CLS]) is never trained: the head reads the
+mean-pooled last hidden state, so the pooler gets no gradient, and counting
+it as "trainable" would overstate what a task must store. Counts exclude
+the classification head; callers add ``head_params``. A model whose layers
+or projections cannot be found raises ``families.UnmappableModel`` (one
+line naming what is missing) before anything is changed.
 
 Example::
 
@@ -27,11 +36,13 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
+
+from layerbank.workers.regimes.families import Layout, describe, require
+from layerbank.workers.regimes.formulas import formula
 
 __all__ = [
     "LORA_RANK",
@@ -43,37 +54,21 @@ __all__ = [
     "expected_trainable",
     "gradual_groups",
     "head_params",
+    "tree_trainable",
 ]
 
 REGIMES = ("frozen", "bitfit", "lora", "top_k", "gradual", "full")
 TRAINED_REGIMES = REGIMES[1:]
 LORA_RANK = 8
-# peft's module names for the query and value projections, by model family.
-_LORA_TARGETS = {"distilbert": ["q_lin", "v_lin"]}
-_DEFAULT_LORA_TARGETS = ["query", "value"]
-_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
 
 
 def _config(model: nn.Module) -> Any:
     return model.config  # type: ignore[union-attr]  # a transformers PreTrainedModel
 
 
-def _is_pooler(name: str) -> bool:
-    return name.startswith("pooler.") or ".pooler." in name
-
-
-def _layer_index(name: str) -> int | None:
-    match = _LAYER.search(name)
-    return int(match.group(1)) if match else None
-
-
-def _is_embedding(name: str) -> bool:
-    return name.startswith("embeddings.") or ".embeddings." in name
-
-
-def _named(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+def _named(model: nn.Module, layout: Layout) -> Iterator[tuple[str, nn.Parameter]]:
     """Every parameter the forward pass uses (the pooler excluded)."""
-    return ((n, p) for n, p in model.named_parameters() if not _is_pooler(n))
+    return ((n, p) for n, p in model.named_parameters() if layout.place(n)[0] != "unused")
 
 
 def default_top_k(config: Any) -> int:
@@ -88,6 +83,21 @@ def _check_top_k(top_k: int | None, n_layers: int) -> int:
     return n
 
 
+def _trains(layout: Layout, regime: str, name: str, frozen_below: int) -> bool:
+    """Whether ``name`` (a base parameter, not an adapter) trains under ``regime``."""
+    kind, block = layout.place(name)
+    if kind == "unused" or regime in ("frozen", "lora"):
+        return False
+    if regime == "bitfit":
+        return name.endswith(".bias")
+    if regime == "top_k":  # a block trains when it computes any position above the cut
+        if kind == "layer":
+            assert block is not None
+            return layout.top_position(block) >= frozen_below
+        return kind == "top" and frozen_below < layout.n_layers
+    return True  # gradual, full
+
+
 def configure(
     model: nn.Module, regime: str, top_k: int | None = None, lora_rank: int = LORA_RANK
 ) -> int:
@@ -100,36 +110,44 @@ def configure(
     """
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
-    n_layers = int(_config(model).num_hidden_layers)
-    frozen_below = _check_top_k(top_k, n_layers)
+    layout = describe(model)
+    require(layout, [regime])
+    frozen_below = _check_top_k(top_k, layout.n_layers)
     for _, param in model.named_parameters():
         param.requires_grad_(False)
     if regime == "lora":
         from peft import LoraConfig, inject_adapter_in_model
 
-        targets = _LORA_TARGETS.get(_config(model).model_type, _DEFAULT_LORA_TARGETS)
         # In-place injection (not get_peft_model) keeps the encoder's own class
-        # and parameter names, so every regime is handled the same way.
+        # and parameter names, so every regime is handled the same way; the
+        # family's exact module names, so nothing else that is called "query" is hit.
         lora = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.1,
-                          target_modules=targets, bias="none")
+                          target_modules=list(layout.lora_modules), bias="none")
         inject_adapter_in_model(lora, model)
-    for name, param in _named(model):
-        layer = _layer_index(name)
-        if regime == "bitfit":
-            train = name.endswith(".bias") and "lora_" not in name
-        elif regime == "lora":
-            train = "lora_" in name
-        elif regime == "top_k":
-            train = layer is not None and layer >= frozen_below
-        else:  # gradual, full: everything; frozen: nothing
-            train = regime != "frozen"
-        param.requires_grad_(train)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name if regime == "lora" else
+                             "lora_" not in name and _trains(layout, regime, name, frozen_below))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def tree_trainable(model: nn.Module, regime: str, top_k: int | None = None,
+                   lora_rank: int = LORA_RANK) -> int:
+    """The count ``configure`` should reach, read off the module tree (no flags set, no adapters)."""
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
+    layout = describe(model)
+    require(layout, [regime])
+    frozen_below = _check_top_k(top_k, layout.n_layers)
+    if regime == "lora":  # A: r x in, B: out x r, per adapted Linear
+        return sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                   if n in set(layout.lora_modules) and isinstance(m, nn.Linear))
+    return sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n
+               and _trains(layout, regime, n, frozen_below))
 
 
 def encoder_params(model: nn.Module) -> int:
     """Parameters of the encoder as used (pooler and any adapters excluded)."""
-    return sum(p.numel() for n, p in _named(model) if "lora_" not in n)
+    return sum(p.numel() for n, p in _named(model, describe(model)) if "lora_" not in n)
 
 
 def head_params(hidden_size: int, n_classes: int) -> int:
@@ -138,44 +156,49 @@ def head_params(hidden_size: int, n_classes: int) -> int:
 
 
 def gradual_groups(model: nn.Module) -> list[list[nn.Parameter]]:
-    """Encoder parameters in unfreezing order: top layer first, embeddings last."""
-    n_layers = int(_config(model).num_hidden_layers)
+    """Encoder parameters in unfreezing order: top layer first, embeddings last.
+
+    A block goes with the highest layer position it computes (ALBERT's one
+    shared layer: the top one), what sits above the last layer with the top
+    layer; groups left empty by shared layers are dropped."""
+    layout = describe(model)
+    require(layout, ["gradual"])
+    n_layers = layout.n_layers
     groups: list[list[nn.Parameter]] = [[] for _ in range(n_layers + 1)]
-    for name, param in _named(model):
-        layer = _layer_index(name)
-        if layer is not None:
-            groups[n_layers - 1 - layer].append(param)
-        elif _is_embedding(name):
+    for name, param in _named(model, layout):
+        kind, block = layout.place(name)
+        if kind == "layer":
+            assert block is not None
+            groups[n_layers - 1 - layout.top_position(block)].append(param)
+        elif kind == "top":
+            groups[0].append(param)
+        else:  # embeddings (require() has ruled out parameters with no place)
             groups[n_layers].append(param)
-        else:
-            raise ValueError(f"parameter {name!r} is in no layer and not an embedding")
-    return groups
+    return [g for g in groups if g]
 
 
 def expected_trainable(
-    regime: str, config: Any, top_k: int | None = None, lora_rank: int = LORA_RANK
+    regime: str, config: Any, top_k: int | None = None, lora_rank: int = LORA_RANK,
+    model: nn.Module | None = None,
 ) -> int:
-    """Hand-derived trainable encoder parameters of a BERT encoder, from its config.
+    """Hand-derived trainable encoder parameters, from the config (``formulas``).
 
-    With V vocab, P positions, T token types, d hidden, I intermediate, L layers:
+    For a family with no formula, the count read off ``model``'s module tree
+    (``tree_trainable``); without a model that is a ValueError.
+    BERT, with V vocab, P positions, T token types, d hidden, I intermediate, L layers:
     embeddings (V + P + T) d + 2d (LayerNorm); a layer 4(d^2 + d) for Q, K, V
     and the attention output, 2d LayerNorm, (dI + I) + (Id + d) feed-forward,
     2d LayerNorm. Biases: d in the embeddings' LayerNorm, per layer 4d
     (Q, K, V, output) + d (LayerNorm) + I + d (feed-forward) + d (LayerNorm).
     LoRA: per layer 2 projections x 2 matrices (r x d and d x r).
     """
-    V, P, T = config.vocab_size, config.max_position_embeddings, config.type_vocab_size
-    d, inter, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    embeddings = (V + P + T) * d + 2 * d
-    layer = 4 * (d * d + d) + 2 * d + (d * inter + inter) + (inter * d + d) + 2 * d
-    if regime == "frozen":
-        return 0
-    if regime == "bitfit":
-        return d + L * (4 * d + d + inter + d + d)
-    if regime == "lora":
-        return L * 2 * 2 * d * lora_rank
-    if regime == "top_k":
-        return (L - _check_top_k(top_k, L)) * layer
-    if regime in ("gradual", "full"):
-        return embeddings + L * layer
-    raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
+    k = _check_top_k(top_k, int(config.num_hidden_layers))
+    count = formula(regime, config, k, lora_rank)
+    if count is not None:
+        return count
+    if model is None:
+        raise ValueError(f"no formula for model_type {getattr(config, 'model_type', None)!r}: "
+                         "pass the model to count from its module tree")
+    return tree_trainable(model, regime, k, lora_rank)

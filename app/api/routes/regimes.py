@@ -4,7 +4,9 @@
   "train_sizes"?, "max_epochs"?, "patience"?, "split_seed"?}``: check the
   request against the dataset and its model (404 unknown dataset; 409 with
   ``job_id`` while its extraction has not succeeded; 422 for unknown
-  regimes, numbers out of range, missing labels, or labels too few to split),
+  regimes, numbers out of range, missing labels, labels too few to split, or
+  a model whose layers or query/value projections a requested regime needs
+  were not found, naming what),
   queue a ``regimes`` job for the worker, answer 202. The id is the job's id.
 - ``GET /v1/regimes/{id}``: state, progress (epochs), and the result once it
   succeeded (per regime: macro-F1 and accuracy mean ± std over seeds,
@@ -94,6 +96,18 @@ def _train_split_size(labels: list[str], split_seed: int) -> int:
     return len(train)
 
 
+def _check_layout(info: dict[str, Any], regimes: list[str]) -> None:
+    """422 when the model's layers or query/value projections, which these regimes need, were
+    not found (the worker found its layout at load: layerbank.workers.regimes.families)."""
+    layout = info.get("regimes_layout") or {}  # absent for a model registered before it existed
+    why = {r: m for r, m in (layout.get("unavailable") or {}).items() if r in regimes}
+    if why:
+        reasons = "; ".join(dict.fromkeys(why.values()))
+        raise InvalidInput(f"regimes: model {info.get('name')!r} ({layout.get('architecture')}, model_type "
+                           f"{layout.get('model_type')!r}) cannot be mapped for {sorted(why)}: {reasons}. "
+                           "frozen, bitfit and full need none of this", field="regimes")
+
+
 def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
     """The worker's payload, once everything a user can get wrong has been checked."""
     unknown = [r for r in req.regimes if r not in REGIMES]
@@ -105,6 +119,7 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
     if ds.task != "sentence":
         raise InvalidInput(f"dataset {ds.id} holds words and tags; regimes compare sentence "
                            "classifiers (one label per text)", field="dataset")
+    _check_layout(info, req.regimes)
     n_layers = int(info.get("num_layers", int(info["n_hidden_states"]) - 1))
     if req.top_k is not None and req.top_k > n_layers:
         raise InvalidInput(f"top_k: {req.top_k} layers to freeze, but model {info.get('name')} has "
