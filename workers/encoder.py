@@ -142,6 +142,11 @@ class Encoder:
                 "sentence_recipe": read_recipe(recipe_directory(source))}
         enc = cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info,
                   poolings=parse_poolings(poolings))
+        # where the regimes find its layers and projections: the HTTP layer (no torch) refuses
+        # a regime that cannot run on it before queuing (workers/regimes/families.py)
+        from .regimes.families import layout_summary
+
+        enc.info["regimes_layout"] = layout_summary(model)
         # engine and precision "auto" are measured here, once per machine (stored in data_dir)
         from .engines.choice import apply_choices
 
