@@ -38,6 +38,7 @@ SST2_TEST = SHARED / "sst2" / "test.tsv"
 __all__ = [
     "AGNEWS",
     "ROOT",
+    "SHARED",
     "SST2_TEST",
     "Timer",
     "alternate",
@@ -47,9 +48,27 @@ __all__ = [
     "matmul_flops_per_second",
     "quiet_transformers",
     "read_tsv",
+    "require_data",
     "time_extraction",
     "write_json",
 ]
+
+
+def require_data(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it exists; else one line on stderr and exit status 2.
+
+    The benchmarks' full-size data sets sit beside the repository on the
+    development machines (``../shared/data``); a clone does not have them
+    (the tests read the small subsets in tests/data/ instead), and a
+    traceback would not say so."""
+    p = Path(path)
+    if not p.exists():
+        where = "the full data sets in ../shared/data, beside the repository" if SHARED in p.parents else "it"
+        print(f"{Path(sys.argv[0]).name}: {p} not found: this benchmark needs {where} "
+              "(tests/data/ holds only the small subsets the tests use; see tests/data/README.md)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return p
 
 
 def read_tsv(path: str | os.PathLike[str], n: int | None = None, header: bool = False,
@@ -57,7 +76,7 @@ def read_tsv(path: str | os.PathLike[str], n: int | None = None, header: bool = 
     """``text<TAB>label`` rows (unquoted TSV), the first ``n`` after ``skip``."""
     texts: list[str] = []
     labels: list[str] = []
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(require_data(path), encoding="utf-8", newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         if header:
             next(rows)

@@ -56,8 +56,8 @@ def rss_bytes(pid: int) -> int:
     raise ValueError(f"no VmRSS for pid {pid}")
 
 
-def _phrases(offset: int, n: int) -> list[str]:
-    with open(TRAIN, encoding="utf-8") as fh:
+def _phrases(offset: int, n: int, train: Path = TRAIN) -> list[str]:
+    with open(train, encoding="utf-8") as fh:
         next(fh)
         rows = sorted({t.strip() for t in (line.split("\t")[0] for line in fh) if len(t.split()) >= 3})
     random.Random(11).shuffle(rows)
@@ -164,14 +164,17 @@ async def _finished(c: httpx.AsyncClient, job_id: str, timeout_s: float = 120.0)
 async def run_load(url: str, *, duration_s: float = 60.0, clients: int = 32, warmup_s: float | None = None,
                    server_pid: int | None = None, worker_pid: int | None = None, api_key: str | None = None,
                    seed: int = 0, text_offset: int = 10_000, timeout_s: float = 30.0,
-                   mix: dict[str, float] | None = None) -> LoadReport:
-    """Drive ``url`` for ``duration_s`` with ``clients`` concurrent clients; measure it."""
+                   mix: dict[str, float] | None = None, train: Path = TRAIN) -> LoadReport:
+    """Drive ``url`` for ``duration_s`` with ``clients`` concurrent clients; measure it.
+
+    Texts: SST-2 training phrases from ``train`` (the tests pass tests/data's subset)."""
     warmup_s = max(5.0, 0.3 * duration_s) if warmup_s is None else warmup_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # idle connections are dropped before the server (uvicorn: 5 s) closes them under a request
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4,
                           keepalive_expiry=2.0)
-    phrases = _phrases(text_offset, 3000)
+    phrases = _phrases(text_offset, 3000, train)
+    assert len(phrases) == 3000, f"{train}: too few phrases past offset {text_offset}"
     warm, labelled, fresh = phrases[:256], phrases[256:316], phrases[316:]
     tag = f"{os.getpid()}-{int(time.time())}"
     samples: list[tuple[str, int, float]] = []  # kind, status (0: timeout, -1: transport), seconds
@@ -325,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", help=f"request mix as JSON, e.g. '{{\"cached\": 1}}' (default: {json.dumps(MIX)})")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
+    from common import require_data  # here: the tests load this file without bench/ on sys.path
+
+    require_data(TRAIN)
     proc = None
     server_pid, worker_pid = args.server_pid, None
     url = args.url

@@ -46,8 +46,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.data_paths import DATA  # tests/data/: the subsets that ship with the repository
+
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data"
 
 SHARED_SETTINGS: dict[str, Any] = {
     "max_texts_per_request": 64,

@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.data_paths import CONLL2003
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,8 +87,8 @@ def test_a_probe_on_stored_texts_never_imports_torch(stored: Path) -> None:
 
 
 def _conll_head(name: str, n: int, out: Path) -> Path:
-    """The first ``n`` sentences of a CoNLL-2003 split (shared data, as the other NER tests)."""
-    blocks = (ROOT.parent / "shared" / "data" / "conll2003" / f"{name}.txt").read_text(
+    """The first ``n`` sentences of a CoNLL-2003 split (tests/data, as the other NER tests)."""
+    blocks = (CONLL2003 / f"{name}.txt").read_text(
         encoding="utf-8").split("\n\n")
     out.write_text("\n\n".join(blocks[:n]) + "\n", encoding="utf-8")
     return out

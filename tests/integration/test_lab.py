@@ -10,7 +10,7 @@ home. Every page fails its test on a browser console error, an uncaught
 exception, or a request to any host but the server. Screenshots at 1280x800
 go to the test's tmp dir (``lab-shots*``); docs/lab/ holds copies.
 
-Texts: SST-2 *test* split (/work/shared/data/sst2/test.tsv) in one seeded
+Texts: SST-2 *test* split (tests/data/sst2/test.tsv) in one seeded
 shuffle: the first 200 are uploaded, the rest make a dataset that keeps the
 worker busy (then deleted) so the page opens on an unfinished job. The other
 integration tests use the dev split, so the cache holds none of them.

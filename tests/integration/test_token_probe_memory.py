@@ -46,8 +46,10 @@ from layerbank.app.probes.word_views import CHUNK_BYTES
 from layerbank.app.probes.wordsets import read_wordset
 from layerbank.workers.local import LocalExtractor
 
+from tests.data_paths import CONLL2003
+
 ROOT = Path(__file__).resolve().parents[2]
-CONLL = ROOT.parent / "shared" / "data" / "conll2003"
+CONLL = CONLL2003
 N_TRAIN, N_VALID = 800, 250
 
 CHILD = r"""

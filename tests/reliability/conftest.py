@@ -15,8 +15,9 @@ Helpers: ``phrases(n, offset)`` takes distinct SST-2 *training* phrases (a
 seeded shuffle; the integration tests use the dev split), ``reference(texts,
 tiny_model_dir, tmp, ...)`` extracts texts in-process into a clean store, the
 numbers a crash-free run gives. Offsets used: hostile 0-999, corruption
-1000-1999, load 2000-9999 (bench/load.py: 10000+), server crash 20000-29999,
-worker crash 30000-34999, disk full 35000-39999.
+1000-1999, server crash 2000-6599, worker crash 6600-9699, disk full
+9700-11999, of the 13,206 phrases in tests/data/sst2/train.tsv (the load test
+draws through bench/load.py, its own shuffle: 2000-4999).
 
 Every server here listens on 127.0.0.1 and runs its worker with one thread.
 """

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from tests.data_paths import SST2
 from tests.integration.conftest import ROOT, ServerProcess
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
@@ -32,7 +33,8 @@ def test_bounded_load_no_5xx_429_on_overload_memory_flat(rel_server: ServerProce
     load = _bench()
     report = asyncio.run(load.run_load(rel_server.url, duration_s=20, clients=32, warmup_s=6,
                                        server_pid=rel_server.proc.pid,  # type: ignore[union-attr]
-                                       worker_pid=rel_server.worker_pid(), text_offset=2000))
+                                       worker_pid=rel_server.worker_pid(), text_offset=2000,
+                                       train=SST2 / "train.tsv"))
     print("\n" + report.summary())
     print("API RSS (MB), one sample a second after warm-up:", report.rss_api_mb)
     print(json.dumps({"rps": round(report.rps, 1), "p99_ms": round(report.p99_ms, 1)}))
