@@ -62,9 +62,18 @@ from torch import nn
 
 from layerbank.cache.errors import InputError
 
-__all__ = ["FAMILIES", "NEEDS", "Family", "Layout", "UnmappableModel", "describe", "layout_summary", "unavailable",
-           "unmappable_message",
-           "require"]
+__all__ = [
+    "FAMILIES",
+    "NEEDS",
+    "Family",
+    "Layout",
+    "UnmappableModel",
+    "describe",
+    "layout_summary",
+    "require",
+    "unavailable",
+    "unmappable_message",
+]
 
 # what each regime needs found in the model (keys of Layout.missing)
 NEEDS: dict[str, tuple[str, ...]] = {"frozen": (), "bitfit": (), "full": (), "lora": ("layers", "lora"),
