@@ -4,9 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh "test,ray,postgres"
-# the lab's browser tests drive Debian's Chromium (Playwright cannot download browsers here)
-if [ ! -x /usr/bin/chromium ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+# the lab's browser tests drive Debian's Chromium (Playwright cannot download browsers here);
+# the documented shell commands run with curl (tests/integration/test_doc_commands.py)
+missing=""
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
+command -v curl >/dev/null || missing="$missing curl"
+if [ -n "$missing" ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 # the PostgreSQL catalog's tests start Debian's server themselves (tests/postgres_server.py)
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
