@@ -4,6 +4,12 @@ A local model directory is fingerprinted by hashing its config and weight
 files (so retraining in place changes every key); a hub name by name plus
 revision. Only the standard library is used, so the API process can compute
 keys without importing torch.
+
+The hash is remembered by the files' stamps (``files_stamp``: name, size,
+mtime, ctime and inode of each file), so confirming a fingerprint at every
+job costs a few ``stat`` calls, and any change to any file (an overwrite in
+place, even one that restores the old size and mtime, changes its ctime)
+hashes the contents again.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["model_fingerprint", "read_model_config"]
+__all__ = ["files_stamp", "model_fingerprint", "read_model_config"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
 _CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
                  "special_tokens_map.json", "merges.txt", "vocab.json")
-_memo: dict[tuple[str, float, int], str] = {}
+Stamp = tuple[str, tuple[tuple[str, int, int, int, int], ...]]
+_memo: dict[Stamp, str] = {}
 
 
 def _files(path: Path) -> list[Path]:
@@ -27,13 +34,28 @@ def _files(path: Path) -> list[Path]:
     return out
 
 
+def files_stamp(path: str | os.PathLike[str]) -> Stamp | None:
+    """What the fingerprint of a model directory depends on, by ``stat`` alone (None: not a directory)."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    stats = []
+    for f in _files(p):
+        try:
+            st = f.stat()
+        except FileNotFoundError:  # removed meanwhile: a stamp of its own
+            continue
+        stats.append((f.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return (str(p.resolve()), tuple(stats))
+
+
 def model_fingerprint(name_or_path: str, revision: str | None = None) -> str:
     """``local:<sha256 of files>`` for a directory, ``hub:<name>@<revision>`` otherwise."""
     path = Path(name_or_path)
     if path.is_dir():
         files = _files(path)
-        stamp = (str(path.resolve()), max((f.stat().st_mtime for f in files), default=0.0),
-                 sum(f.stat().st_size for f in files))
+        stamp = files_stamp(path)
+        assert stamp is not None
         if stamp in _memo:
             return _memo[stamp]
         h = hashlib.sha256()

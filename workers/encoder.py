@@ -44,6 +44,7 @@ from .pooling import pool_hidden_states
 from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
 # defined without torch, so the command line can fail on a missing model before importing torch
 from .model_source import ModelLoadError, locate_model, recipe_directory
+from .model_pool import own_weights
 
 __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
 
@@ -101,6 +102,7 @@ class Encoder:
         # a missing path or an unreachable hub fails here in one line, not after the hub's retries
         source = locate_model(name_or_path)
         name = source.name
+        fingerprint = model_fingerprint(str(name))  # of the files as they are now, confirmed below
         dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                            else ("cpu" if device == "auto" else device))
         try:
@@ -119,6 +121,10 @@ class Encoder:
             raise ModelLoadError(f"model {name!r} has no fast tokenizer; layerbank needs one "
                                  "for character offsets")
         model.eval().requires_grad_(False).to(dev)
+        if dev.type == "cpu":  # loaded weights are a view of the mapped file: own them (model_pool.py)
+            own_weights(model)
+        if model_fingerprint(str(name)) != fingerprint:  # rewritten while it loaded: which weights?
+            raise ModelLoadError(f"cannot load model {name!r}: its files changed while it loaded; load it again")
         model_max = _model_max_length(model, tok)
         cfg = ExtractionConfig(max_length=min(max_length or model_max, model_max),
                                truncation_side=truncation_side, storage_dtype=storage_dtype,
@@ -140,7 +146,7 @@ class Encoder:
                 "poolings": list(parse_poolings(poolings)),
                 # what /v1/embeddings answers by default (layerbank.cache.sentence_recipe)
                 "sentence_recipe": read_recipe(recipe_directory(source))}
-        enc = cls(model, tok, str(name), model_fingerprint(str(name)), cfg, dev, info,
+        enc = cls(model, tok, str(name), fingerprint, cfg, dev, info,
                   poolings=parse_poolings(poolings))
         # where the regimes find its layers and projections: the HTTP layer (no torch) refuses
         # a regime that cannot run on it before queuing (workers/regimes/families.py)

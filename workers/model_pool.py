@@ -11,6 +11,20 @@ weight files fit beside the rest; after it, until its measured size does.
 A model a running job holds (``keep``) is never unloaded under it. One model
 bigger than the whole budget still loads, alone with the default.
 
+A model's identity follows its files (issue 25). Loaded weights are the
+pool's own memory (``own_weights``: safetensors maps the file, so an
+overwrite in place used to change a loaded model's numbers under its old
+fingerprint, and a truncation killed the worker with SIGBUS). At every job
+the worker calls ``confirm()``: each local model's fingerprint is checked by
+the stamps of its files (``stat`` only; the contents are hashed again when a
+stamp changed). A model whose files changed is named in one WARNING line,
+unloaded, and served under its new fingerprint from then on (loaded again
+on its next use, the default at once); a job that names the old
+fingerprint fails with ``ModelChanged`` (send it again: its keys were made
+for weights no longer served). Whatever a load returns is described under
+the fingerprint it was loaded with, so a model restored after its files
+were damaged loads again without a restart.
+
 Example::
 
     pool = ModelPool(default_encoder, [locate_model("/models/tiny")], load=load_encoder,
@@ -28,9 +42,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model_source import ModelSource
+from layerbank.cache.fingerprint import model_fingerprint
 
-__all__ = ["ModelPool", "ServedModel", "UnknownModel", "default_budget_bytes", "encoder_bytes"]
+from .model_source import ModelSource, locate_model
+
+__all__ = ["ModelChanged", "ModelPool", "ServedModel", "UnknownModel", "default_budget_bytes",
+           "encoder_bytes", "own_weights"]
 
 log = logging.getLogger("layerbank.worker")
 
@@ -39,6 +56,24 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 class UnknownModel(ValueError):
     """A job named a model this worker does not serve."""
+
+
+class ModelChanged(UnknownModel):
+    """A job named a fingerprint whose files have changed since: its keys are for other weights."""
+
+    failure_type = "unavailable"  # the request is fine: sent again, it gets the new fingerprint's keys
+
+
+def own_weights(model: Any) -> None:
+    """Copy every parameter and buffer into the process's own memory.
+
+    ``from_pretrained`` leaves CPU tensors as views of the memory-mapped
+    safetensors file: writing the file in place changes a loaded model's
+    numbers, and truncating it kills the process (SIGBUS) at the next
+    forward pass. Tied weights are one Parameter, so they stay tied.
+    """
+    for t in [*model.parameters(), *model.buffers()]:
+        t.data = t.data.clone()
 
 
 @dataclass(frozen=True)
@@ -112,6 +147,8 @@ class ModelPool:
         self.loaded: OrderedDict[str, Any] = OrderedDict()  # fingerprint -> encoder, least recent first
         self._sizes: dict[str, int] = {default.fingerprint: encoder_bytes(default)}
         self.registered: set[str] = {default.fingerprint}  # loaded at least once in this process
+        self.retired: dict[str, str] = {}  # fingerprint whose files changed -> their fingerprint now
+        self._default_failed: str | None = None  # the default's files that failed to load (not tried again)
         self.loads = 0
         self.unloads = 0
 
@@ -126,6 +163,12 @@ class ModelPool:
         for fp, e in self.entries.items():
             if model in e.names():
                 return fp
+        if model in self.retired:
+            now = model
+            while now in self.retired:  # changed more than once
+                now = self.retired[now]
+            raise ModelChanged(f"the files of the model with fingerprint {model} have changed since this "
+                               f"request was made (their fingerprint is now {now}); send it again")
         served = ", ".join([f"{self.default.info.get('name')!r} ({self.default.fingerprint})"]
                            + [f"{e.name!r} ({fp})" for fp, e in self.entries.items()])
         raise UnknownModel(f"this worker serves {served}, not {model!r}")
@@ -149,6 +192,9 @@ class ModelPool:
         self._make_room(entry.file_bytes(), keep)
         enc = self._load(entry)
         self.loads += 1
+        if enc.fingerprint != fp:  # the files changed since they were located: they are what was loaded
+            self._rekey(fp, enc.fingerprint, entry)
+            fp = enc.fingerprint
         self._sizes[fp] = encoder_bytes(enc)
         self.loaded[fp] = enc
         self._on_load(enc)
@@ -157,6 +203,63 @@ class ModelPool:
         log.info("loaded model %s (%.1f MiB); %d of %d models loaded, %.1f MiB", entry.name,
                  self._sizes[fp] / 2**20, len(self.loaded) + 1, len(self.entries) + 1, self.used_bytes / 2**20)
         return enc
+
+    # -- the files behind each model ----------------------------------------------
+    def confirm(self) -> bool:
+        """Check every local model's fingerprint against its files (``stat`` alone unless a file
+        changed); a changed one is served under its new fingerprint. True when one changed.
+
+        The default is loaded again at once (when this pool can load); until then, or
+        without a loader, it goes on computing with the weights it loaded, which are its
+        own memory, under the fingerprint they were loaded with.
+        """
+        changed = False
+        for fp, entry in list(self.entries.items()):
+            if entry.source.directory is None or entry.source.from_hf_cache:
+                continue
+            now = entry.fingerprint
+            if now != fp:
+                log.warning("the files of model %s changed (fingerprint %s -> %s); serving them under "
+                            "the new fingerprint", entry.name, fp, now)
+                self._rekey(fp, now, entry)
+                changed = True
+        path = str(self.default.info.get("path") or "")
+        if self._load is not None and path and os.path.isdir(path):
+            now = model_fingerprint(path)
+            if now not in (self.default.fingerprint, self._default_failed):
+                old = self.default.fingerprint
+                log.warning("the files of the default model %s changed (fingerprint %s -> %s); "
+                            "loading them again", self._default_entry.name, old, now)
+                try:
+                    enc = self._load(ServedModel(locate_model(path), path))
+                except Exception as e:  # noqa: BLE001 - damaged files: keep the weights loaded before
+                    self._default_failed = now
+                    log.warning("the default model's changed files cannot be loaded (%s); serving the "
+                                "weights loaded before, under %s, until they can", e, old)
+                    return changed
+                self.loads += 1
+                self.retired[old] = enc.fingerprint
+                self.retired.pop(enc.fingerprint, None)
+                self.registered.discard(old)
+                self._sizes.pop(old, None)
+                self.default = enc
+                self._sizes[enc.fingerprint] = encoder_bytes(enc)
+                self._on_load(enc)
+                self.registered.add(enc.fingerprint)
+                changed = True
+        return changed
+
+    def _rekey(self, old: str, new: str, entry: ServedModel) -> None:
+        """``entry``'s files now have fingerprint ``new``: forget what was loaded for ``old``."""
+        self.entries.pop(old, None)
+        self.entries.setdefault(new, entry)
+        if self.loaded.pop(old, None) is not None:
+            self.unloads += 1
+            gc.collect()
+        self._sizes.pop(old, None)
+        self.registered.discard(old)
+        self.retired[old] = new
+        self.retired.pop(new, None)  # restored: the fingerprint is served again
 
     @property
     def used_bytes(self) -> int:

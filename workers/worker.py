@@ -61,7 +61,7 @@ from layerbank.cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
 from .encoder import Encoder, ModelLoadError
-from .model_pool import ModelPool, UnknownModel
+from .model_pool import ModelChanged, ModelPool, UnknownModel
 from .jobs_registry import (ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobContext, JobError,
                             register_kind)
 
@@ -132,8 +132,13 @@ class Worker:
         worker does not serve or a mode this device cannot run (fp16 on a CPU).
         """
         loads = self.models.loads
+        if self.models.confirm():  # a model's files changed: its new fingerprint is served from now on
+            self.encoder = self.models.default
+            self.seen()
         try:
             base = self.models.get(model, keep=self._in_use)
+        except ModelChanged:  # made for weights no longer served: sent again, it gets the new keys
+            raise
         except (UnknownModel, ModelLoadError) as e:  # trying again would not help: fail at once
             raise JobError(str(e)) from None
         self._in_use.append(base.fingerprint)
