@@ -39,12 +39,14 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "sst2" / "test.tsv"
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
+DATA = SHARED / "sst2" / "test.tsv"
 GRID = {"feats__view": ["layer:2", "layer:-2", "concat_last_4"], "feats__pooling": ["mean", "cls"]}
 
 
 def sst2(n: int, seed: int) -> tuple[list[str], list[int]]:
-    with open(DATA, encoding="utf-8") as f:
+    with open(require_data(DATA), encoding="utf-8") as f:
         next(f)
         rows = [line.rstrip("\n").split("\t") for line in f]
     random.Random(seed).shuffle(rows)

@@ -60,7 +60,9 @@ from layerbank.app.probes.word_views import word_views
 from layerbank.app.probes.wordsets import read_wordset
 from layerbank.cache.store import FeatureStore
 
-DATA = ROOT.parent / "shared" / "data" / "conll2003"
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
+DATA = SHARED / "conll2003"
 
 # (our view, what the paper called it, its dev F1); fine-tuning is the ceiling.
 PAPER = [
@@ -148,8 +150,8 @@ def main() -> int:
     t_start = time.perf_counter()
     load_start = os.getloadavg()
 
-    train_all = read_wordset(DATA / "train.txt")
-    valid, _ = subset(read_wordset(DATA / "valid.txt"), args.valid_sentences, args.seed)
+    train_all = read_wordset(require_data(DATA / "train.txt"))
+    valid, _ = subset(read_wordset(require_data(DATA / "valid.txt")), args.valid_sentences, args.seed)
     train, picked = subset(train_all, args.train_sentences, args.seed)
     texts = sentence_texts(train + valid)  # validates every sentence before anything is stored
     n_words = {"train": sum(len(s.words) for s in train), "valid": sum(len(s.words) for s in valid)}

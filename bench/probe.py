@@ -43,14 +43,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DATA = ROOT.parent / "shared" / "data" / "agnews" / "dev.tsv"
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
+DATA = SHARED / "agnews" / "dev.tsv"
 N_STATES = 7
 POOLINGS = ("mean", "cls")
 
 
 def agnews(n: int, seed: int) -> tuple[list[str], list[str]]:
     rows: dict[str, str] = {}
-    with open(DATA, encoding="utf-8") as f:
+    with open(require_data(DATA), encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 text, label = line.rstrip("\n").split("\t")

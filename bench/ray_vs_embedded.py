@@ -56,11 +56,13 @@ from layerbank.cache.store import FeatureStore
 from layerbank.workers.backends import make_backend
 from layerbank.workers.encoder import Encoder, set_threads
 
-DATA = ROOT.parent / "shared" / "data" / "agnews" / "dev.tsv"
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
+DATA = SHARED / "agnews" / "dev.tsv"
 
 
 def agnews(n: int, seed: int) -> list[str]:
-    with open(DATA, encoding="utf-8") as f:
+    with open(require_data(DATA), encoding="utf-8") as f:
         texts = sorted({line.split("\t")[0] for line in f if line.strip()})
     random.Random(seed).shuffle(texts)
     return texts[:n]

@@ -43,8 +43,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-SST2 = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
-SENTENCES = ROOT.parent / "shared" / "data" / "sst2" / "test.tsv"
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
+SST2 = SHARED / "sst2" / "train.tsv"
+SENTENCES = SHARED / "sst2" / "test.tsv"
 
 
 def _epochs(spec: str) -> dict[int, int]:
@@ -76,7 +78,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = [line.split("\t") for line in SST2.read_text(encoding="utf-8").splitlines()[1:]]
+    rows = [line.split("\t") for line in require_data(SST2).read_text(encoding="utf-8").splitlines()[1:]]
     pool = max(sizes) + args.spare + args.val + args.test
     rows = random.Random(args.seed).sample(rows, pool)
     texts, labels = [r[0] for r in rows], [int(r[1]) for r in rows]
@@ -85,7 +87,7 @@ def main() -> None:
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} epochs, {time.perf_counter() - started:.0f} s", end="", flush=True)
 
-    shifted_rows = [line.split("\t") for line in SENTENCES.read_text(encoding="utf-8").splitlines()[1:]]
+    shifted_rows = [line.split("\t") for line in require_data(SENTENCES).read_text(encoding="utf-8").splitlines()[1:]]
     shifted_rows = random.Random(args.seed).sample(shifted_rows, min(args.shifted, len(shifted_rows)))
     eval_sets = {"sentences": ([r[0] for r in shifted_rows], [int(r[1]) for r in shifted_rows])} \
         if args.shifted else None

@@ -56,7 +56,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
+DATA = SHARED / "sst2" / "dev.tsv"
 
 
 class Server:
@@ -160,7 +162,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def texts_pool(path: Path = DATA) -> list[str]:
-    with open(path, encoding="utf-8") as fh:
+    with open(require_data(path), encoding="utf-8") as fh:
         next(fh)  # SST-2's header (a headerless file loses one text)
         rows = sorted({line.split("\t")[0] for line in fh if len(line.split()) >= 5})
     random.Random(0).shuffle(rows)
