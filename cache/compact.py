@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from . import int8
 from .keys import ExtractionConfig
 from .shard import CorruptShardError, ShardContents, ShardReader
 from .store import FeatureStore
@@ -69,7 +71,7 @@ def _merge(store: FeatureStore, names: list[str], model: str, config: str, pooli
     keys: list[str] = []
     n_tokens: list[int] = []
     truncated: list[bool] = []
-    pooled: dict[str, list[np.ndarray]] = {p: [] for p in poolings}
+    pooled: dict[str, list[Any]] = {p: [] for p in poolings}
     merged: list[str] = []
     for name in names:
         live = store.catalog.live_rows(name)
@@ -82,8 +84,8 @@ def _merge(store: FeatureStore, names: list[str], model: str, config: str, pooli
             got = [k.decode() for k in reader._read_rows("keys", rows)]
             if got != [k for k, _, _, _ in live]:
                 raise CorruptShardError(reader.path, "rows do not hold the keys the catalog lists")
-            # keep the stored dtype: compaction must not change a single bit
-            blocks = {p: reader.read_pooled(rows, p) for p in poolings}
+            # keep the stored dtype: compaction must not change a single bit (int8: with its scales)
+            blocks = {p: reader.read_pooled_stored(rows, p) for p in poolings}
         except CorruptShardError as e:
             store.quarantine(name, str(e))
             summary.quarantined += 1
@@ -100,7 +102,8 @@ def _merge(store: FeatureStore, names: list[str], model: str, config: str, pooli
         return
     cfg = ExtractionConfig.from_json(config)
     contents = ShardContents(keys, np.asarray(n_tokens), np.asarray(truncated),
-                             {p: np.concatenate(v) for p, v in pooled.items()})
+                             {p: int8.concat(v) if isinstance(v[0], int8.Int8Rows) else np.concatenate(v)
+                              for p, v in pooled.items()})
     new_name = f"compact-{uuid.uuid4().hex[:12]}-00000"
     store.write(new_name, contents, model=model, config=cfg, replaces=merged)
     for name in merged:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 __all__ = ["ExtractionConfig", "text_key", "STORAGE_DTYPES", "PRECISIONS", "PRECISION_CHOICES",
            "PrecisionChoice"]
 
-STORAGE_DTYPES = ("float16", "float32")
+STORAGE_DTYPES = ("float16", "float32", "int8")  # int8: cache/int8.py
 PRECISIONS = ("fp32", "bf16", "fp16")  # the modes a key records
 # what a user may ask for: the modes, and two that resolve to one of them on the
 # machine at hand (workers/precision.py); the API, the CLI and the settings read this list

@@ -5,14 +5,17 @@ Layout (documented for users in docs/storage.md)::
     /keys               [n]          S64   hex sha256 key of each row
     /n_tokens           [n]          int32 tokens the encoder saw (after truncation)
     /truncated          [n]          uint8 1 when the text was cut at max_length
-    /pooled/{mean,cls,max} [n, H, d] float16|float32, H = L + 1 hidden states
+    /pooled/{mean,cls,max} [n, H, d] float16|float32|int8, H = L + 1 hidden states
                                      (one dataset per pooling the shard holds;
                                      attribute ``poolings`` lists them)
+    /pooled/{pooling}_scale [n, H]   float32, int8 shards only: one scale per row
+                                     per hidden state (cache/int8.py)
     /tokens/offsets     [n + 1]      int64 row i owns token rows offsets[i]:offsets[i+1]
     /tokens/layer_{i}   [T, d]       token states of hidden state i
     /tokens/ids         [T]          int32 token ids
     /tokens/char_spans  [T, 2]       int32 character (start, end) in the text
     /tokens/word_ids    [T]          int32 tokenizer word id, -1 for special tokens
+    /tokens/scale_{i}   [T]          float32, int8 shards only: scale of each token row
 
 Every dataset is chunked and carries the fletcher32 checksum filter, so a
 flipped byte on disk is an error on read, never a wrong number.
@@ -33,6 +36,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from .int8 import Int8Rows, dequantize, quantize, scale_name
 from .poolings import DEFAULT_POOLINGS, POOLING_NAMES, parse_poolings
 from .space import ShardWriteError, as_write_error, check_room, estimate_bytes
 
@@ -73,12 +77,16 @@ def _damage(path: str, what: str) -> Iterator[None]:
 
 @dataclass
 class TokenRows:
-    """Token-level states of one text: states [t, H, d] plus alignment arrays."""
+    """Token-level states of one text: states [t, H, d] plus alignment arrays.
+
+    ``scales`` [t, H] only while an int8 extraction holds its rows quantised (``states``
+    int8) until the shard write; rows read back are always dequantised (float)."""
 
     states: np.ndarray
     ids: np.ndarray
     char_spans: np.ndarray
     word_ids: np.ndarray
+    scales: np.ndarray | None = None
 
 
 @dataclass
@@ -88,7 +96,7 @@ class ShardContents:
     keys: list[str]
     n_tokens: np.ndarray
     truncated: np.ndarray
-    pooled: dict[str, np.ndarray]  # pooling -> [n, H, d]
+    pooled: dict[str, np.ndarray | Int8Rows]  # pooling -> [n, H, d] (Int8Rows: as an int8 shard holds them)
     tokens: list[TokenRows] | None = None
     attrs: dict[str, str | int] = field(default_factory=dict)
 
@@ -110,6 +118,28 @@ def _cast(arr: np.ndarray, dtype: str, what: str) -> np.ndarray:
         raise StorageRangeError(f"{what}: values up to {peak:.4g} overflow float16 (max 65504); "
                                 "store this model with --storage-dtype float32")
     return out
+
+
+def _quantized(arr: np.ndarray | Int8Rows, what: str) -> Int8Rows:
+    """Rows as an int8 shard stores them; non-finite values refused like float16's overflow."""
+    if isinstance(arr, Int8Rows):
+        return arr
+    try:
+        return quantize(arr)
+    except ValueError as e:
+        raise StorageRangeError(f"{what}: {e}; store this model with --storage-dtype float32") from None
+
+
+def _write_stored(group: h5py.Group, name: str, arr: np.ndarray | Int8Rows, dtype: str, what: str) -> None:
+    """One dataset in the storage dtype; an int8 one with its scales beside it."""
+    if dtype == "int8":
+        rows = _quantized(arr, what)
+        _dataset(group, name, rows.q)
+        _dataset(group, scale_name(name), rows.scale)
+        return
+    if isinstance(arr, Int8Rows):
+        raise TypeError(f"{what}: int8 rows cannot be written to a {dtype} shard")
+    _dataset(group, name, _cast(arr, dtype, what))
 
 
 def _rows_per_chunk(row_bytes: int, n: int) -> int:
@@ -144,7 +174,7 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
             for name, arr in contents.pooled.items():
                 if arr.shape[0] != n:
                     raise ValueError(f"pooled/{name} has {arr.shape[0]} rows, expected {n}")
-                _dataset(pooled, name, _cast(arr, dtype, f"pooled/{name}"))
+                _write_stored(pooled, name, arr, dtype, f"pooled/{name}")
             if contents.tokens is not None:
                 _write_tokens(f.create_group("tokens"), contents.tokens, dtype)
             f.attrs["format_version"] = FORMAT_VERSION
@@ -168,12 +198,16 @@ def write_shard(path: str | os.PathLike[str], contents: ShardContents, dtype: st
 def _planned_bytes(contents: ShardContents, dtype: str) -> int:
     """Upper bound of the file's size (cache/space.py), known before writing."""
     item, n = np.dtype(dtype).itemsize, len(contents.keys)
+    int8 = dtype == "int8"  # plus one float32 scale per vector
     sizes = [64 * n, 4 * n, n]  # one per dataset: keys, n_tokens, truncated, ...
-    sizes += [int(np.prod(a.shape, dtype=np.int64)) * item for a in contents.pooled.values()]
+    for a in contents.pooled.values():
+        sizes += [int(np.prod(a.shape, dtype=np.int64)) * item]
+        sizes += [int(np.prod(a.shape[:-1], dtype=np.int64)) * 4] if int8 else []
     if contents.tokens:
         t = sum(r.states.shape[0] for r in contents.tokens)
         n_states, d = contents.tokens[0].states.shape[1:3]
         sizes += [t * d * item] * n_states + [4 * t, 8 * t, 4 * t, 8 * (n + 1)]
+        sizes += [4 * t] * n_states if int8 else []
     # the last chunk of a dataset is stored whole; chunks hold half to all of _CHUNK_BYTES
     padding = sum(min(s, _CHUNK_BYTES) for s in sizes)
     chunks = sum(2 * s // _CHUNK_BYTES + 1 for s in sizes)
@@ -186,8 +220,15 @@ def _write_tokens(group: h5py.Group, tokens: list[TokenRows], dtype: str) -> Non
     _dataset(group, "offsets", offsets)
     n_states = tokens[0].states.shape[1]
     for i in range(n_states):
-        _dataset(group, f"layer_{i}", _cast(np.concatenate([t.states[:, i] for t in tokens]), dtype,
-                                            f"tokens/layer_{i}"))
+        what = f"tokens/layer_{i}"
+        states = np.concatenate([t.states[:, i] for t in tokens])
+        if all(t.scales is not None for t in tokens):  # quantised per batch already (workers/extract.py)
+            rows: np.ndarray | Int8Rows = Int8Rows(states, np.concatenate([t.scales[:, i] for t in tokens]))  # type: ignore[index]
+        elif states.dtype == np.int8:
+            raise ValueError(f"{what}: int8 token states without their scales")
+        else:
+            rows = states
+        _write_stored(group, f"layer_{i}", rows, dtype, what)
     _dataset(group, "ids", np.concatenate([t.ids for t in tokens]).astype(np.int32))
     spans = np.concatenate([t.char_spans.reshape(-1, 2) for t in tokens]).astype(np.int32)
     _dataset(group, "char_spans", spans)
@@ -246,8 +287,19 @@ class ShardReader:
         return data[inverse]
 
     def read_pooled(self, rows: np.ndarray, pooling: str) -> np.ndarray:
-        """[len(rows), H, d] pooled states, as stored (float16 or float32)."""
-        return self._read_rows(f"pooled/{pooling}", np.asarray(rows, dtype=np.int64))
+        """[len(rows), H, d] pooled states, as stored (float16 or float32); an int8 shard's
+        dequantised to float32."""
+        got = self.read_pooled_stored(rows, pooling)
+        return dequantize(got.q, got.scale) if isinstance(got, Int8Rows) else got
+
+    def read_pooled_stored(self, rows: np.ndarray, pooling: str) -> np.ndarray | Int8Rows:
+        """The rows exactly as stored, an int8 shard's with their scales (compaction copies
+        them bit for bit)."""
+        name, idx = f"pooled/{pooling}", np.asarray(rows, dtype=np.int64)
+        data = self._read_rows(name, idx)
+        if data.dtype != np.int8:
+            return data
+        return Int8Rows(data, self._read_rows(scale_name(name), idx))
 
     def poolings(self) -> tuple[str, ...]:
         """The poolings this shard holds: its ``poolings`` attribute, or, in a shard
@@ -342,9 +394,12 @@ class ShardReader:
             pieces, local = self._runs(offsets, uniq, first.chunks)
             size = sum(b - a for a, b in pieces)
             # filled layer by layer: one [t, L, d] array, no second copy as np.stack makes
-            states = np.empty((size, len(resolved), first.shape[1]), dtype=first.dtype)
+            int8 = first.dtype == np.int8  # dequantised here, so readers see float32
+            states = np.empty((size, len(resolved), first.shape[1]),
+                              dtype=np.float32 if int8 else first.dtype)
             for j, i in enumerate(resolved):
-                states[:, j] = block(f"layer_{i}")
+                layer = block(f"layer_{i}")
+                states[:, j] = dequantize(layer, block(f"scale_{i}")) if int8 else layer
             ids, spans, word_ids = block("ids"), block("char_spans"), block("word_ids")
         pos = np.searchsorted(uniq, idx)
         out = []

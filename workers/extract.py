@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from layerbank.cache.int8 import quantize
 from layerbank.cache.shard import ShardContents, TokenRows
 from layerbank.cache.store import FeatureStore
 
@@ -360,8 +361,21 @@ def _storage_token_rows(rows: TokenRows, dtype: str) -> TokenRows:
     """One text's token rows with states cast to the storage dtype (a copy: the
     float32 batch they were cut from is freed); float32 kept where float16 would
     overflow, for the shard writer to refuse."""
+    if dtype == "int8":
+        return _int8_token_rows(rows)
     states = _storage_rows(np.ascontiguousarray(rows.states), dtype)
     return TokenRows(states, rows.ids, rows.char_spans, rows.word_ids)
+
+
+def _int8_token_rows(rows: TokenRows) -> TokenRows:
+    """Quantised now, one scale per token per hidden state (cache/int8.py), so a part's
+    token states wait in memory at a quarter of float32; non-finite ones are kept as
+    float32 for the shard writer to refuse."""
+    try:
+        q = quantize(rows.states)
+    except ValueError:
+        return TokenRows(np.array(rows.states, dtype=np.float32), rows.ids, rows.char_spans, rows.word_ids)
+    return TokenRows(q.q, rows.ids, rows.char_spans, rows.word_ids, q.scale)
 
 
 def _storage_rows(rows: np.ndarray, dtype: str) -> np.ndarray:

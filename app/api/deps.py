@@ -141,7 +141,9 @@ class AppState:
             return
         self.model = ModelRef.from_info(fp, info)
         # rows are kept in the storage dtype: float16 in memory loses nothing stored as float16
-        self.rows = RowCache(ROW_CACHE_BYTES, dtype=self.model.storage_dtype)
+        # (int8 rows are read back dequantised, as float32)
+        dtype = "float32" if self.model.storage_dtype == "int8" else self.model.storage_dtype
+        self.rows = RowCache(ROW_CACHE_BYTES, dtype=dtype)
 
     def _refresh_others(self, served: list[dict[str, Any]]) -> None:
         """The served models besides the default; a config counts only once the live

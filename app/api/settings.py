@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     # measured at first start (workers/engines/); not part of the key: rows agree within 1e-4
     engine: Literal["auto", "torch", "onnx"] = "auto"
     max_length: int | None = Field(None, ge=2)
-    storage_dtype: Literal["float16", "float32"] = "float16"
+    storage_dtype: Literal["float16", "float32", "int8"] = "float16"
     # not part of the key: a text stored without a pooling set later is encoded again for it
     poolings: str = Field(DEFAULT_POOLINGS, description="poolings stored per text, comma-separated, "
                           "from: " + ", ".join(POOLING_NAMES))

@@ -71,8 +71,9 @@ def add_common_flags(p: argparse.ArgumentParser, *, several_models: bool = False
                    "timed once per machine; same numbers within 1e-4) [env LAYERBANK_ENGINE]")
     p.add_argument("--max-length", type=int, help="truncate texts at this many tokens "
                    "[env LAYERBANK_MAX_LENGTH]")
-    p.add_argument("--storage-dtype", choices=["float16", "float32"],
-                   help="dtype of stored vectors [env LAYERBANK_STORAGE_DTYPE]")
+    p.add_argument("--storage-dtype", choices=["float16", "float32", "int8"],
+                   help="dtype of stored vectors (int8: a float32 scale per row per layer, half "
+                   "float16's bytes; docs/storage.md) [env LAYERBANK_STORAGE_DTYPE]")
     p.add_argument("--threads", type=int, help="torch CPU threads [env LAYERBANK_THREADS]")
 
 

@@ -35,7 +35,7 @@ LARGE_TOKENS = 50_000  # about 10 s of encoding on 2 busy cores: below it, say n
 _SAMPLE_TEXTS = 32
 # per token besides the states: int32 id, two int32 character offsets, int32 word id
 _TOKEN_EXTRA_BYTES = 16
-_DTYPE_BYTES = {"float16": 2, "float32": 4}
+_DTYPE_BYTES = {"float16": 2, "float32": 4, "int8": 1}  # int8 adds a 4-byte scale per d numbers
 
 
 @dataclass(frozen=True)

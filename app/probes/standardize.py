@@ -10,7 +10,8 @@ probe then fits (it cost 0.7 entity-F1 points on ``layer:-1`` of CoNLL-2003).
 Rule: a dimension whose standard deviation over the fitting rows is below
 one step of the storage dtype at its mean (``np.spacing``) is dropped; the
 count is reported as ``n_dropped``. With float32 storage that is a much
-smaller step, so almost nothing is dropped.
+smaller step, so almost nothing is dropped; int8 storage uses float16's step
+(its own step is a per-row scale the features no longer carry).
 
 Memory (token probes on a whole corpus, where X is hundreds of MB): a large
 X is not copied to float64 whole to fit (mean and spread are accumulated in
@@ -61,6 +62,10 @@ class Standardizer:
 
     def __init__(self, storage_dtype: Any = np.float16, dtype: Any = np.float64) -> None:
         self.storage_dtype = np.dtype(storage_dtype)
+        if self.storage_dtype == np.int8:
+            # int8 rows are read back as float32 (cache/int8.py), and their rounding step is
+            # each row's own scale, which the features do not carry: float16's step stands in
+            self.storage_dtype = np.dtype(np.float16)
         self.dtype = np.dtype(dtype)
 
     def fit(self, X: np.ndarray) -> "Standardizer":

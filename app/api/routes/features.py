@@ -248,7 +248,9 @@ def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
 async def features(req: FeaturesRequest, state: AppState = Depends(get_state)) -> Response:
     check_texts(req.texts, state)
     r = await compute_features(state, req.texts, req.view, req.pooling, req.model, req.precision)
-    dtype = req.dtype or (r.model.storage_dtype if plain_copy(r.view) else "float32")
+    # a plain copy of float16 rows is answered in float16; int8 rows are dequantised (float32)
+    stored = r.model.storage_dtype if r.model.storage_dtype != "int8" else "float32"
+    dtype = req.dtype or (stored if plain_copy(r.view) else "float32")
     if r.data.size > 200_000:  # big answers are encoded off the event loop
         body = await run_in_threadpool(_body, r, req.format, dtype)
     else:

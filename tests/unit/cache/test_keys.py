@@ -75,7 +75,7 @@ def test_lone_surrogates_hash_without_error() -> None:
     assert k != text_key("m", ExtractionConfig(), "x")
 
 
-@pytest.mark.parametrize("bad", [{"truncation_side": "middle"}, {"storage_dtype": "int8"},
+@pytest.mark.parametrize("bad", [{"truncation_side": "middle"}, {"storage_dtype": "int4"},
                                  {"precision": "fp8"}, {"max_length": 1}])
 def test_invalid_configs_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
