@@ -11,13 +11,27 @@ user's words in the joined text.
 Contract::
 
     join_words(words)                      -> (text, word_spans int32 [n_words, 2])
-    align_tokens_to_words(char_spans, word_spans)
+    align_tokens_to_words(char_spans, word_spans, token_word_ids=None)
                                            -> int64 [n_tokens], word index or -1
     word_vectors(token_states, token_word, n_words, mode="first" | "mean")
                                            -> (float32 [n_words, ..., d], bool [n_words])
 
 A token belongs to the first word its span overlaps; special tokens and other
 zero-width spans (``(0, 0)``), and tokens that overlap no word, get ``-1``.
+
+Given the tokenizer's own word ids (``token_word_ids``, stored with every
+token row), all the tokens of one tokenizer word go to the user word that
+its characters fall in. That matters beyond WordPiece: a SentencePiece
+``▁`` or byte-level ``Ġ`` that the tokenizer emits as a token of its own
+(before a piece that has no ``▁``-form in the vocabulary) has an offset that
+covers the space before the word, or no character at all (``(4, 4)``), or,
+for the first word of a text, the word's first character: by characters
+alone it would be the first word's first sub-token but no other word's.
+With word ids it is every word's first sub-token, as the tokenizer (and
+Hugging Face's token-classification recipe, which labels the first token
+of each word id) has it. A tokenizer word whose characters fall in several
+user words (a tokenizer that does not split on spaces) keeps the
+per-character answer for its tokens.
 A word that no token belongs to (cut off by truncation) is *not* dropped: it
 keeps its row, filled with ``fill`` (0.0 by default), and ``covered[i]`` is
 False. A word cut in the middle keeps the sub-tokens that survived.
@@ -83,13 +97,40 @@ def _as_spans(spans: np.ndarray, what: str) -> np.ndarray:
     return arr
 
 
-def align_tokens_to_words(char_spans: np.ndarray, word_spans: np.ndarray) -> np.ndarray:
+def align_tokens_to_words(char_spans: np.ndarray, word_spans: np.ndarray,
+                          token_word_ids: np.ndarray | None = None) -> np.ndarray:
     """Word index of each token (int64 ``[n_tokens]``), -1 where none.
 
     ``char_spans`` are the tokens' ``(start, end)`` character offsets (end
     exclusive), ``word_spans`` the words' spans from ``join_words`` (or any
     sorted, non-overlapping, non-empty spans into the same text).
+    ``token_word_ids``: the tokenizer's word id of each token (-1 for special
+    tokens), to keep a tokenizer word's tokens together (module docstring).
     """
+    out = _align_by_characters(char_spans, word_spans)
+    if token_word_ids is None:
+        return out
+    wid = np.asarray(token_word_ids)
+    if wid.shape != out.shape:
+        raise ValueError(f"token_word_ids must have one entry per token ({out.shape[0]}), "
+                         f"got shape {list(wid.shape)}")
+    wid = wid.astype(np.int64, copy=False)
+    has = (wid >= 0) & (out >= 0)
+    if not has.any():
+        return out
+    # per tokenizer word: the lowest and highest user word its characters touch
+    n = int(wid.max()) + 1
+    lo = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(n, -1, dtype=np.int64)
+    np.minimum.at(lo, wid[has], out[has])
+    np.maximum.at(hi, wid[has], out[has])
+    one = wid >= 0
+    one[one] = (hi[wid[one]] >= 0) & (lo[wid[one]] == hi[wid[one]])
+    out[one] = hi[wid[one]]
+    return out
+
+
+def _align_by_characters(char_spans: np.ndarray, word_spans: np.ndarray) -> np.ndarray:
     tokens = _as_spans(char_spans, "char_spans")
     words = _as_spans(word_spans, "word_spans")
     if words.shape[0]:

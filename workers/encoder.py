@@ -119,7 +119,9 @@ class Encoder:
             raise ModelLoadError(f"cannot load model {name!r}: {e}") from e
         if not getattr(tok, "is_fast", False):
             raise ModelLoadError(f"model {name!r} has no fast tokenizer; layerbank needs one "
-                                 "for character offsets")
+                                 "for character offsets and word ids (give a directory with its "
+                                 "tokenizer.json, or install sentencepiece so transformers can "
+                                 "convert it)")
         model.eval().requires_grad_(False).to(dev)
         if dev.type == "cpu":  # loaded weights are a view of the mapped file: own them (model_pool.py)
             own_weights(model)

@@ -7,8 +7,11 @@ A sentence given as words is stored as the text ``" ".join(words)``
 - ``mode="first"``: the word's first sub-token (what the BERT paper fed its
   NER tagger); ``mode="mean"``: the mean of its sub-tokens.
 - Tokens are matched to words by **character spans** (layerbank.cache.words), not by
-  the tokenizer's ``word_ids``: the tokenizer's words are its pre-tokenizer's
-  pieces (``"U.S."`` is four of them for BERT), not the user's words.
+  the tokenizer's ``word_ids`` alone: the tokenizer's words are its pre-tokenizer's
+  pieces (``"U.S."`` is four of them for BERT), not the user's words. The word
+  ids keep each tokenizer word's tokens together, so a SentencePiece ``▁`` or
+  byte-level ``Ġ`` emitted as a token of its own is its word's first sub-token
+  (for every tokenizer kind: WordPiece, byte-level BPE, Unigram).
 - A word the encoder never saw (cut off at ``max_length``) keeps its row,
   filled with zeros, and ``covered`` is False for it: reported, not dropped.
   ``uncovered_words`` lists them.
@@ -164,7 +167,7 @@ def word_states(
         for i, tokens in zip(chunk, rows):
             if tokens is None:  # its shard was quarantined between lookup and read
                 raise SentencesNotExtracted([i], len(keys), joined[i][0][:80])
-            token_word = align_tokens_to_words(tokens.char_spans, joined[i][1])
+            token_word = align_tokens_to_words(tokens.char_spans, joined[i][1], tokens.word_ids)
             vectors, cov = word_vectors(tokens.states, token_word, len(words[i]), mode)
             if states is None:
                 states = np.zeros((int(starts[-1]), *vectors.shape[1:]), dtype=np.float32)

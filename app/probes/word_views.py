@@ -104,7 +104,7 @@ class LazyWordStates:
     def _alignments(self, layers: list[int]) -> Iterator[tuple[int, np.ndarray]]:
         for chunk in self._chunks(len(layers)):
             for i, tokens in zip(chunk, self._read(chunk, layers)):
-                yield i, align_tokens_to_words(tokens.char_spans, self._spans[i])
+                yield i, align_tokens_to_words(tokens.char_spans, self._spans[i], tokens.word_ids)
 
     def view_matrix(self, view: View | None, keep: np.ndarray | None = None) -> np.ndarray:
         """float32 ``[n_kept, d']`` of ``view`` for the words where ``keep`` is True (all when None);
@@ -122,7 +122,7 @@ class LazyWordStates:
         out = np.zeros((int(keep.sum()), *width), dtype=np.float32)
         for chunk in self._chunks(len(layers)):
             for i, tokens in zip(chunk, self._read(chunk, layers)):
-                token_word = align_tokens_to_words(tokens.char_spans, self._spans[i])
+                token_word = align_tokens_to_words(tokens.char_spans, self._spans[i], tokens.word_ids)
                 a, b = self._starts[i], self._starts[i + 1]
                 vectors, _ = word_vectors(tokens.states, token_word, b - a, self.mode)
                 rows = target[a:b]
