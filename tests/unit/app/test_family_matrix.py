@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from layerbank.app.probes.word_features import word_states
 from layerbank.cache.keys import text_key
 from layerbank.cache.store import FeatureStore
+
 from tests.families import FAMILIES, TOKENIZER_KIND
 
 # words that split differently per tokenizer kind: punctuation inside a word, an accent,
@@ -196,7 +196,6 @@ def test_the_family_through_every_route(tiny_api_factory: Any, tiny_model_dir: s
 def test_a_model_without_a_fast_tokenizer_is_one_clear_error(family_model_dir: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers
-
     from layerbank.workers.encoder import Encoder, ModelLoadError
 
     real = transformers.AutoTokenizer.from_pretrained
@@ -214,3 +213,40 @@ def test_a_model_without_a_fast_tokenizer_is_one_clear_error(family_model_dir: A
         Encoder.load(path, device="cpu")
     assert str(e.value).startswith(f"model {path!r} has no fast tokenizer")
     assert "offsets" in str(e.value) and "word ids" in str(e.value)
+
+
+def test_byte_level_offsets_that_keep_the_leading_space(family_model_dir: Any, tmp_path: Any) -> None:
+    """A byte-level BPE tokenizer whose offsets are not trimmed (``ĠYork`` at ``(3, 8)``, the
+    space included, as tokenizers without a ByteLevel post-processor give): words still get
+    their own tokens, first and mean as the tokenizer splits them."""
+    import shutil
+
+    from layerbank.cache.words import align_tokens_to_words, join_words, word_vectors
+    from layerbank.workers.encoder import Encoder
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "untrimmed"
+    shutil.copytree(family_model_dir("modernbert"), path)
+    tok = AutoTokenizer.from_pretrained(path)
+    cls_, sep = tok.cls_token, tok.sep_token
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls_} $A {sep}", special_tokens=[(cls_, tok.cls_token_id), (sep, tok.sep_token_id)])
+    tok.save_pretrained(path)
+    enc = Encoder.load(str(path), device="cpu")
+    words = SENTENCES[0] + SENTENCES[2]
+    text, spans = join_words(words)
+    batch = enc.tokenize([text], want_offsets=True)
+    pieces = [text[s:e] for s, e in batch.offsets[0]]
+    assert " is" in pieces and " " in pieces, pieces  # 'Ġis' covers the space; a lone 'Ġ' is only it
+    rows = enc.encode(batch, want_tokens=True).tokens[0]  # type: ignore[index]
+    token_word = align_tokens_to_words(rows.char_spans, spans, rows.word_ids)
+    wid = _user_word_ids(tok, words, "bpe")
+    assert token_word.tolist() == [-1 if w is None else w for w in wid]
+    for mode in ("first", "mean"):
+        vectors, covered = word_vectors(rows.states, token_word, len(words), mode)
+        assert covered.all()
+        for j in range(len(words)):
+            mine = [i for i, w in enumerate(wid) if w == j]
+            want = rows.states[mine[0]] if mode == "first" else rows.states[mine].mean(axis=0)
+            np.testing.assert_allclose(vectors[j], want, rtol=1e-6, atol=1e-6)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from layerbank.cache.words import align_tokens_to_words, join_words, word_vectors
 
 
 def test_a_marker_token_belongs_to_the_word_its_tokenizer_word_is_in() -> None:
-    text, spans = join_words(["New", "York", "U.S."])  # 'New York U.S.'
+    text, spans = join_words(["New", "York", "U.S."])
+    assert text == "New York U.S."
     # XLM-R-like: '▁' (0,1) over the first letter, '▁' (3,4) over the space, '▁' (8,9);
     # then RoBERTa-like 'Ġ' with no characters at all (4,4)
     chars = np.array([[0, 0], [0, 1], [0, 1], [1, 3], [3, 4], [4, 8], [8, 9], [9, 10], [10, 11],
