@@ -216,13 +216,15 @@ class Client:
 
     def embeddings(self, input: str | Sequence[str], *, model: str | None = None,
                    view: str | None = None, pooling: str | None = None, precision: str | None = None,
-                   dimensions: int | None = None, return_info: bool = False) -> Any:
-        """``POST /v1/embeddings`` (the OpenAI-compatible route): [n, dim] float32.
+                   dimensions: int | None = None, normalize: bool | None = None,
+                   return_info: bool = False) -> Any:
+        """``POST /v1/embeddings`` (the OpenAI-compatible route): [n, dim] float32, the model's
+        sentence-transformers recipe unless ``view``/``pooling``/``normalize`` say otherwise.
         ``return_info=True`` also returns the answer without its vectors (model, usage)."""
         texts = [input] if isinstance(input, str) else _text_list(input)
         body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
         for k, v in (("model", model), ("view", view), ("pooling", pooling), ("precision", precision),
-                     ("dimensions", dimensions)):
+                     ("dimensions", dimensions), ("normalize", normalize)):
             if v is not None:
                 body[k] = v
         out = self.request("POST", "/v1/embeddings", json=body)

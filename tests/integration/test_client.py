@@ -73,10 +73,12 @@ def test_embeddings_are_the_openai_route_as_a_matrix(lb: layerbank.Client) -> No
     texts = TEXTS[:3]
     e, info = lb.embeddings(texts, return_info=True)
     assert e.shape == (3, 384) and e.dtype == np.float32
-    np.testing.assert_array_equal(e, lb.features(texts))  # the default view and pooling
+    # the model's recipe: the stored last layer, mean-pooled, normalised (test_embeddings_recipe.py)
+    last = lb.features(texts, view="layer:-1")
+    np.testing.assert_allclose(e, last / np.linalg.norm(last, axis=1, keepdims=True), atol=1e-6)
     assert info["usage"]["prompt_tokens"] > 3 and info["model"]
-    one = lb.embeddings(texts[0], view="layer:-1")
-    np.testing.assert_array_equal(one[0], lb.features(texts[:1], view="layer:-1")[0])
+    one = lb.embeddings(texts[0], view="layer:-2", normalize=False)  # /v1/features' default rows
+    np.testing.assert_array_equal(one[0], lb.features(texts[:1])[0])
     with pytest.raises(layerbank.ApiError) as err:
         lb.embeddings(texts, dimensions=17)
     assert (err.value.status, err.value.type) == (422, "validation")
