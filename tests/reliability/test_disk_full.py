@@ -139,7 +139,7 @@ def test_full_disk_fails_the_job_clearly_and_a_retry_succeeds(
     try:
         server.start()
         filler = _fill(small_disk, 40 * 1024)
-        texts = phrases(2000, 35000)  # one ~1.2 MB shard: does not fit in 40 KiB
+        texts = phrases(2000, 9700)  # one ~1.2 MB shard: does not fit in 40 KiB
         lb = server.client()
         ds = server.post("/v1/datasets", json={"name": "too-big", "texts": texts})
         assert ds.status_code == 202, ds.text
@@ -220,13 +220,13 @@ def test_a_full_disk_is_507_everywhere_and_nothing_changes(small_tmpfs: Path, ti
                                          "catalog_check_seconds": 3600})
     try:
         server.start()
-        texts = phrases(24, 36000)
+        texts = phrases(24, 10700)
         labelled = server.post("/v1/datasets", json={"name": "labelled", "texts": texts,
                                                      "labels": [i % 2 for i in range(24)]}).json()
         assert server.wait_job(labelled["job_id"])["state"] == "succeeded"
         filler = _fill_to_zero(small_tmpfs)
         before = _state(server)
-        new = phrases(8, 36100)
+        new = phrases(8, 10800)
         asks: dict[str, Callable[[], httpx.Response]] = {
             "features (misses)": lambda: server.post("/v1/features", json={"texts": new}),
             "embeddings (misses)": lambda: server.post("/v1/embeddings", json={"input": new}),
@@ -378,7 +378,7 @@ def test_probe_and_head_jobs_at_0_bytes_free_are_507_and_run_once_there_is_room(
                                          "catalog_check_seconds": 3600})
     try:
         server.start()
-        labelled = server.post("/v1/datasets", json={"name": "labelled", "texts": phrases(24, 36200),
+        labelled = server.post("/v1/datasets", json={"name": "labelled", "texts": phrases(24, 10900),
                                                      "labels": [i % 2 for i in range(24)]}).json()
         assert server.wait_job(labelled["job_id"])["state"] == "succeeded"
         if catalog_url() is None:  # SQLite: the case that used to race, the WAL checkpointed so its

@@ -52,7 +52,7 @@ SETTINGS = {"part_size": PART, "max_tokens_per_batch": MAX_TOKENS, "heartbeat_se
 
 def _slow_upload(url: str, sent: threading.Event) -> None:
     """Send headers and half of a multipart body, then wait to be cut off."""
-    texts = phrases(400, 20000)
+    texts = phrases(400, 2000)
     boundary = "relboundary"
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nhalf-sent\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"half.txt\"\r\n"
@@ -75,7 +75,7 @@ def _burst(url: str, acked: list[dict[str, Any]], refused: list[str], stop: thre
         for i in range(1000):
             if stop.is_set():
                 return
-            texts = phrases(20, 21000 + 20 * i)
+            texts = phrases(20, 2500 + 20 * i)
             try:
                 r = c.post("/v1/datasets", json={"name": f"burst-{i}", "texts": texts})
             except httpx.TransportError:
@@ -107,7 +107,7 @@ def _features_b64(server: ServerProcess, texts: list[str]) -> tuple[np.ndarray, 
 
 def test_server_killed_mid_upload_and_mid_job_loses_nothing(
         tmp_path: Path, tiny_model_dir: str, tiny_server_factory) -> None:  # type: ignore[no-untyped-def]
-    big = phrases(3000, 22000)
+    big = phrases(3000, 3500)
     ref: dict[str, Any] = {}
 
     def clean_run() -> None:
@@ -122,7 +122,7 @@ def test_server_killed_mid_upload_and_mid_job_loses_nothing(
     fp, cfg = info["fingerprint"], info["extraction_config"]
 
     # texts whose shard will be damaged while the server is down
-    group = phrases(12, 28000)
+    group = phrases(12, 6500)
     before, _ = _features_b64(server, group)
 
     d1 = server.post("/v1/datasets", json={"name": "big", "texts": big})

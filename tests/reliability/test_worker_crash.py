@@ -110,7 +110,7 @@ def _wait(what: str, cond, timeout: float, procs: list[subprocess.Popen[bytes]],
 def test_sigkilled_worker_loses_nothing_and_serves_nothing_wrong(tmp_path: Path, tiny_model_dir: str) -> None:
     data = tmp_path / "data"
     log = tmp_path / "workers.log"
-    texts = phrases(N_TEXTS, 30000)
+    texts = phrases(N_TEXTS, 6600)
     store = FeatureStore(data)
     workers = [_start_worker(data, tiny_model_dir, log) for _ in range(2)]
     try:
