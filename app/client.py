@@ -258,6 +258,7 @@ class Client:
                 raise ApiError(None, "validation", str(e)) from e
         else:
             body: dict[str, Any] = {"name": name or "dataset"}
+            rows: list[int] | None = None
             if words is not None:
                 body["words"] = [list(w) for w in words]
                 if tags is not None:
@@ -268,11 +269,12 @@ class Client:
                 except InputError as e:
                     raise ApiError(None, "validation", str(e)) from e
                 body["texts"] = table.texts
-                labels = table.labels if labels is None else labels
+                if labels is None and table.labels is not None:
+                    labels, rows = table.labels, table.lines  # a bad label is named by its table row
             else:
                 body["texts"] = _text_list(texts if texts is not None else [])
             if labels is not None:
-                body["labels"] = _plain(labels)
+                body["labels"] = _labels(labels, rows)  # ApiError for a NaN/NA label: nothing is sent
             if precision is not None:
                 body["precision"] = precision
             if model is not None:
@@ -509,6 +511,27 @@ def _text_list(texts: Any) -> list[str]:
 def _plain(values: Sequence[Any]) -> list[Any]:
     """Labels as JSON values: numpy scalars (from arrays, pandas) become Python ones."""
     return [v.item() if isinstance(v, np.generic) else v for v in values]
+
+
+def _missing(v: Any) -> bool:
+    """NaN (float, numpy), pandas' NA and NaT: a missing cell, which is no class and no JSON."""
+    if isinstance(v, float) and v != v:
+        return True
+    return type(v).__name__ in ("NAType", "NaTType")  # pandas' singletons, without importing pandas
+
+
+def _labels(labels: Sequence[Any], rows: Sequence[int] | None = None) -> list[Any]:
+    """The labels as JSON values, their types kept (ints stay ints: the server keeps them so);
+    ApiError naming the first NaN/NA one (and its table row, 1-based, for a table: ``rows``).
+    ``None`` is "no label" and is sent as null."""
+    values = _plain(list(labels))
+    for i, v in enumerate(values):
+        if _missing(v):
+            where = f"labels[{i}]" if rows is None else f"row {rows[i]} (labels[{i}])"
+            raise ApiError(None, "validation", f"{where} is {v!r}, not a label (a missing value): "
+                           "drop that row, fill it, or give None for a text without a label; "
+                           "nothing was sent")
+    return values
 
 
 def _show(bar: Any, job: dict[str, Any], desc: str) -> Any:

@@ -4,6 +4,13 @@ the catalog so that jobs, probes and heads can refer to them by id.
 A dataset and all its items are inserted in one transaction: a crash or a bad
 upload never leaves half a dataset registered. Deleting a dataset deletes its
 items, not the cached features, which other datasets may share.
+
+Labels keep their type: the ``label`` column is text, and the dataset's
+``label_type`` (in its meta: ``int``, ``float``, ``bool`` or ``str``, the one
+type every label shares; mixed labels are ``str``) turns each back into what
+was uploaded, so ints go in and ints come out of probes, heads and predict.
+A ``None`` label is no label: stored as NULL, never a class. A dataset
+written before ``label_type`` existed reads as ``str``, as it always did.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any, Sequence
 
 from .catalog import Catalog
 
-__all__ = ["DatasetStore", "Dataset", "DatasetItems"]
+__all__ = ["DatasetStore", "Dataset", "DatasetItems", "label_type", "decode_label"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -48,9 +55,39 @@ class Dataset:
 @dataclass
 class DatasetItems:
     texts: list[str]
-    labels: list[str | None]
+    labels: list[Any]  # as uploaded: int, float, bool or str (the dataset's label_type); None: none
     words: list[list[str]] | None
     tags: list[list[str]] | None
+
+
+def label_type(labels: Sequence[Any]) -> str:
+    """The one type of the labels that are not None: bool, int, float (ints and floats
+    together read as floats) or str; anything mixed, or of another type, is str."""
+    kinds = {type(x) for x in labels if x is not None}
+    if kinds == {bool}:
+        return "bool"
+    if kinds == {int}:
+        return "int"
+    if kinds and kinds <= {int, float}:
+        return "float"
+    return "str"
+
+
+def _encode(label: Any, kind: str) -> str:
+    return repr(float(label)) if kind == "float" else str(label)
+
+
+def decode_label(text: str | None, kind: str) -> Any:
+    """A stored label as the type it was uploaded with (None stays None)."""
+    if text is None or kind == "str":
+        return text
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    if kind == "bool":
+        return text == "True"
+    raise ValueError(f"unknown label type {kind!r}")
 
 
 def _ds(r: Sequence[Any]) -> Dataset:
@@ -70,11 +107,16 @@ class DatasetStore:
         ds_id = dataset_id or "ds_" + uuid.uuid4().hex[:12]
         task = "token" if words is not None else "sentence"
         meta = dict(meta or {})
-        if labels is not None:
-            meta["labels"] = sorted({str(x) for x in labels if x is not None})
+        kind = "str"
+        if labels is not None and any(x is not None for x in labels):
+            kind = meta["label_type"] = label_type(labels)
+            # the classes, as uploaded and in their own order (1 < 2 < 10 for ints)
+            meta["labels"] = sorted({decode_label(_encode(x, kind), kind) for x in labels if x is not None})
+        elif labels is not None:
+            meta["labels"] = []
         rows = []
         for i, t in enumerate(texts):
-            lab = None if labels is None or labels[i] is None else str(labels[i])
+            lab = None if labels is None or labels[i] is None else _encode(labels[i], kind)
             w = None if words is None else json.dumps(list(words[i]))
             tg = None if tags is None else json.dumps(list(tags[i]))
             rows.append((ds_id, i, t, lab, w, tg))
@@ -102,7 +144,9 @@ class DatasetStore:
             "SELECT text, label, words, tags FROM dataset_items WHERE dataset_id=? ORDER BY idx",
             (dataset_id,)).fetchall()
         token = bool(rows) and rows[0][2] is not None
-        return DatasetItems([r[0] for r in rows], [r[1] for r in rows],
+        ds = self.get(dataset_id)
+        kind = str(ds.meta.get("label_type", "str")) if ds is not None else "str"
+        return DatasetItems([r[0] for r in rows], [decode_label(r[1], kind) for r in rows],
                             [json.loads(r[2]) for r in rows] if token else None,
                             [json.loads(r[3]) for r in rows] if token and rows[0][3] is not None else None)
 

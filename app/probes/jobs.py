@@ -44,6 +44,7 @@ import numpy as np
 
 from layerbank.app.probes.heads import save_head
 from layerbank.app.probes.heads_store import HeadStore
+from layerbank.app.probes.inputs import check_labels
 from layerbank.app.probes.sentence_probe import probe_sentences
 from layerbank.app.probes.sweep import fit_head
 from layerbank.app.probes.options import ProbeOptions
@@ -262,12 +263,13 @@ def _run_head(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
     # once a cancel was asked for): the last heartbeat may be seconds old
     ctl.lease.write()
     ctl.check()
-    classes, counts = np.unique(np.asarray(labels).astype(str), return_counts=True)
+    # the classes as fit_head saw them (check_labels): the dataset's label type, so ints stay ints
+    classes, counts = np.unique(check_labels(labels, cv=1), return_counts=True)
     model = model_summary(info, rec.fingerprint)
     meta = {"layerbank_head_id": rec.id, "name": rec.name, "view": p["view"], "pooling": p["pooling"],
             "model": model, "extraction_config": rec.config,
             "dataset": {"id": ds.id, "name": ds.name, "n_items": ds.n_items},
-            "classes": [str(c) for c in classes],
+            "classes": [c.item() for c in classes], "label_type": ds.meta.get("label_type", "str"),
             "class_counts": {str(c): int(k) for c, k in zip(classes, counts)},
             "n_examples": len(labels), "seed": int(p["seed"]), "input_shape": _input_shape(p["view"], states),
             "from_probe": p.get("from_probe")}

@@ -8,13 +8,16 @@ costs one indexed lookup per text and adds nothing to the feature routes.
 
 Answer::
 
-    {"id": "ds_…", "n_items": 200, "labels": {"0": 97, "1": 103},
+    {"id": "ds_…", "n_items": 200, "labels": {"0": 97, "1": 103}, "label_type": "int", "unlabelled": 0,
      "tokens": {"stored": 200, "min": 4, "max": 61, "mean": 23.4, "median": 21.0,
                 "max_length": 512, "truncated": 0, "truncated_share": 0.0,
                 "histogram": {"edges": [0, 8, 16, …], "counts": [12, 40, …]}}}
 
 ``labels`` is ``null`` for a dataset without labels (counts of tags for a
-word/tag dataset). 409 until the extraction job has succeeded (the same
+word/tag dataset); a text without a label (``None``) is counted in
+``unlabelled``, never as a class. ``label_type`` says what the keys were
+uploaded as (``int``, ``float``, ``bool``, ``str``): JSON keys are text, and
+the same labels come back typed from a probe's ``classes`` and predict. 409 until the extraction job has succeeded (the same
 rule as the features route), 404 for an unknown dataset.
 """
 
@@ -59,6 +62,11 @@ def token_histogram(n_tokens: list[int], truncated: list[bool], max_length: int 
             "histogram": {"edges": [int(e) for e in edges], "counts": [int(c) for c in counts]}}
 
 
+def _order(label: Any) -> tuple[int, Any]:
+    # one label type per dataset sorts by value; a mixed (str) one sorts as text
+    return (0, label) if isinstance(label, (int, float)) else (1, str(label))
+
+
 def dataset_stats(state: AppState, dataset_id: str) -> dict[str, Any]:
     ds = state.datasets.get(dataset_id)
     if ds is None:
@@ -77,14 +85,19 @@ def dataset_stats(state: AppState, dataset_id: str) -> dict[str, Any]:
         max_length = json.loads(ds.config).get("max_length")
     except (ValueError, AttributeError):
         max_length = None
+    unlabelled = sum(label is None for label in items.labels)
     if items.tags is not None:
-        labels: dict[str, int] | None = dict(Counter(t for tags in items.tags for t in tags))
-    elif all(label is None for label in items.labels):
+        labels: dict[str, int] | None = dict(sorted(Counter(t for tags in items.tags for t in tags).items()))
+    elif unlabelled == len(items.labels):
         labels = None
     else:
-        labels = dict(Counter(str(label) for label in items.labels))
+        # a None label is no label, never a class; classes in their own order (1 < 2 < 10 for
+        # ints: labels keep their type, cache/datasets.py), keyed by their text (JSON keys)
+        counts = Counter(label for label in items.labels if label is not None)
+        labels = {str(k): n for k, n in sorted(counts.items(), key=lambda kv: _order(kv[0]))}
     return {"id": ds.id, "name": ds.name, "task": ds.task, "n_items": len(items.texts),
-            "labels": None if labels is None else dict(sorted(labels.items())),
+            "labels": labels, "label_type": ds.meta.get("label_type", "str") if labels else None,
+            "unlabelled": unlabelled if items.tags is None else 0,
             "tokens": token_histogram([e.n_tokens for e in entries], [e.truncated for e in entries],
                                       max_length)}
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import re
 import uuid
 from collections.abc import Iterator
@@ -199,6 +200,15 @@ def _check_unicode(field: str, values: list[Any]) -> None:
                                    field=f"{field}.{i}") from None
 
 
+def _check_numbers(field: str, values: list[Any]) -> None:
+    """422 for a NaN or infinite label (Python's JSON reads ``NaN``): no class, and not
+    "no label" either, which is null."""
+    for i, v in enumerate(values):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InvalidInput(f"{field}.{i} is {v!r}, not a label; send null for a text without one",
+                               field=f"{field}.{i}")
+
+
 @router.post("/datasets", status_code=202, response_model=DatasetOut,
              responses={**_ERRORS, 202: {"description": "dataset registered; its extraction "
                                          "job is queued"}},
@@ -227,6 +237,7 @@ async def create_dataset(request: Request, state: AppState = Depends(get_state))
     if labels is not None and len(labels) != len(texts):
         raise InvalidInput(f"labels has {len(labels)} items, texts has {len(texts)}", field="labels")
     _check_unicode("labels", labels or [])
+    _check_numbers("labels", labels or [])
     for i, tags in enumerate(items.get("tags") or []):
         _check_unicode(f"tags.{i}", tags)
     name = items["name"]

@@ -237,7 +237,8 @@ async def predict(head_id: str, req: PredictRequest, state: AppState = Depends(g
     view = "all_layers" if rec.view == "scalar_mix" else rec.view
     r = await compute_features(state, req.texts, view, rec.pooling, m.fingerprint, m.precision)
     proba = await run_in_threadpool(head.predict_proba, r.data)
-    classes = [str(c) for c in head.classes_]
+    # as the dataset's labels were uploaded: ints stay ints, strings strings (cache/datasets.py)
+    classes = [c.item() if isinstance(c, np.generic) else c for c in head.classes_]
     best = np.argmax(proba, axis=1)
     body = {"head": rec.id, "model": m.name, "view": rec.view, "pooling": rec.pooling, "classes": classes,
             "data": [{"index": i, "label": classes[int(b)], "probabilities": [float(p) for p in row],

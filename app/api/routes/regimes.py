@@ -151,7 +151,8 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
         if eval_ds.meta.get("fingerprint") != ds.meta.get("fingerprint"):
             raise InvalidInput(f"eval_datasets: {eval_ds.id} was extracted with another model than "
                                f"{ds.id}", field="eval_datasets")
-        strangers = sorted({str(v) for v in eval_labels} - {str(v) for v in labels})
+        # typed: 1 and "1" differ (labels keep their type), as in the job that maps them to classes
+        strangers = sorted(set(eval_labels) - set(labels), key=repr)
         if strangers:
             raise InvalidInput(f"eval_datasets: {eval_ds.id} has labels {strangers[:5]} that {ds.id} "
                                "never trains on", field="eval_datasets")

@@ -26,7 +26,7 @@ def test_json_dataset_extracts_and_streams_npy(tiny_api) -> None:  # type: ignor
     r = c.post("/v1/datasets", json={"name": "ten", "texts": texts, "labels": [i % 2 for i in range(10)]})
     assert r.status_code == 202, r.text
     ds = r.json()
-    assert ds["id"].startswith("ds_") and ds["n_items"] == 10 and ds["labels"] == ["0", "1"]
+    assert ds["id"].startswith("ds_") and ds["n_items"] == 10 and ds["labels"] == [0, 1]  # ints stay ints
     job = _wait(c, ds["job_id"])
     assert job["state"] == "succeeded" and job["attempts"] == 1
     assert job["progress"]["done"] == job["progress"]["total"] == 10

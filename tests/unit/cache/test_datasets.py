@@ -23,7 +23,7 @@ def test_sentence_dataset_round_trips_texts_and_labels(ds: DatasetStore) -> None
     d = ds.create("sst2-mini", texts, labels=[1, 0, "1", None], model="m", config="{}",
                   meta={"source": "test.tsv"})
     assert d.id.startswith("ds_") and d.task == "sentence" and d.n_items == 4
-    assert d.meta == {"source": "test.tsv", "labels": ["0", "1"]}
+    assert d.meta == {"source": "test.tsv", "labels": ["0", "1"], "label_type": "str"}  # mixed: as text
     items = ds.items(d.id)
     assert items.texts == texts  # exactly as given: spaces and tabs kept
     assert items.labels == ["1", "0", "1", None]
