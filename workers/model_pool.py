@@ -289,7 +289,7 @@ class ModelPool:
         out = [{"name": self._default_entry.name, "path": self._default_entry.source.name,
                 "fingerprint": self.default.fingerprint, "default": True, "loaded": True,
                 "registered": True}]
-        for fp, e in self.entries.items():
+        for fp, e in list(self.entries.items()):  # the liveness thread reads while a job may re-key
             out.append({"name": e.name, "path": e.source.name, "fingerprint": fp, "default": False,
                         "loaded": fp in self.loaded, "registered": fp in self.registered})
         return out
