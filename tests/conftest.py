@@ -269,7 +269,8 @@ def tiny_api_factory(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[.
         w = None
         if worker:
             store = FeatureStore(settings.data_dir)
-            enc = Encoder.load(tiny_model_dir, device="cpu", poolings=settings.poolings)
+            enc = Encoder.load(tiny_model_dir, device="cpu", poolings=settings.poolings,
+                               storage_dtype=settings.storage_dtype)
             store.catalog.register_model(enc.fingerprint, enc.name,
                                          {**enc.info, "config": enc.config.canonical()})
             w = Worker(store, enc, WorkerOptions(heartbeat_seconds=0.5, poll_interval_s=0.002,
