@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..measured import Measured, cpu_model, measured_choice, time_alternating
+from ..model_source import ModelLoadError
 
 # the encoder imports this module to apply the choices at load, so it is typed
 # here as Any rather than imported (no import cycle)
@@ -136,7 +137,8 @@ def apply_choices(enc: Encoder, *, engine: str, precision: str,
     Off the CPU, or at a precision other than fp32, the engine is torch.
     An ONNX engine that cannot be used (onnxruntime missing, export failed,
     numbers differ) falls back to torch with a warning when ``engine`` is
-    auto, and raises when it is ``onnx``.
+    auto, and raises ``ModelLoadError`` (one line; the worker stops rather
+    than restarting into the same failure) when it is ``onnx``.
     """
     info: dict[str, Any] = {"engine": "torch"}
     on_cpu_fp32 = enc.device.type == "cpu" and enc.config.precision == "fp32"
@@ -151,8 +153,8 @@ def apply_choices(enc: Encoder, *, engine: str, precision: str,
                 enc, found = choose_engine(enc, data_dir)
                 info["engine_choice"] = {**found.as_info(), "reason": "measured: onnx / torch speed"}
         except Exception as e:  # noqa: BLE001 - any failure of the optional engine leaves torch
-            if engine == "onnx":
-                raise
+            if engine == "onnx":  # asked for: one line that stops the worker, not a restart loop
+                raise ModelLoadError(f"--engine onnx cannot be used for {enc.name!r}: {e}") from e
             log.warning("engine auto: ONNX Runtime not used (%s); running torch", e)
             info["engine_choice"] = {"chosen": "torch", "reason": f"onnx unavailable: {e}"}
         info["engine"] = getattr(enc.engine, "name", "torch")

@@ -80,3 +80,19 @@ def test_an_export_of_other_weights_is_exported_again_and_a_graph_that_differs_i
     # a graph that gives other numbers than the weights it is checked against is refused
     with pytest.raises(EngineMismatch, match="differs from torch"):
         first.check_against(changed)
+
+
+def test_engine_onnx_that_cannot_be_used_is_one_load_error_not_a_crash(
+        tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--engine onnx`` asked for and refused: ModelLoadError, which the worker turns into one
+    line and a stop (FATAL_EXIT), not an exception its supervisor restarts into again (issue 25 row 7)."""
+    from layerbank.workers.encoder import Encoder, ModelLoadError
+
+    def refuse(*args: object, **kwargs: object) -> OnnxEngine:
+        raise EngineMismatch("ONNX export x.onnx differs from torch by 3.1e-01 relative (allowed 1e-04)")
+
+    monkeypatch.setattr(OnnxEngine, "open", refuse)
+    with pytest.raises(ModelLoadError, match=r"--engine onnx cannot be used for .*differs from torch"):
+        Encoder.load(tiny_model_dir, device="cpu", engine="onnx", data_dir=tmp_path)
+    auto = Encoder.load(tiny_model_dir, device="cpu", engine="auto", data_dir=tmp_path)
+    assert auto.engine is None and auto.info["engine_choice"]["chosen"] == "torch"  # auto falls back
