@@ -32,6 +32,7 @@ import base64
 import email.utils
 import io
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -515,7 +516,7 @@ def _plain(values: Sequence[Any]) -> list[Any]:
 
 def _missing(v: Any) -> bool:
     """NaN (float, numpy), pandas' NA and NaT: a missing cell, which is no class and no JSON."""
-    if isinstance(v, float) and v != v:
+    if isinstance(v, float) and math.isnan(v):
         return True
     return type(v).__name__ in ("NAType", "NaTType")  # pandas' singletons, without importing pandas
 

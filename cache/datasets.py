@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from .catalog import Catalog
 
-__all__ = ["DatasetStore", "Dataset", "DatasetItems", "label_type", "decode_label"]
+__all__ = ["Dataset", "DatasetItems", "DatasetStore", "decode_label", "label_type"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
