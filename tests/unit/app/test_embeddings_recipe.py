@@ -100,7 +100,8 @@ def _features(c, texts: list[str], view: str, pooling: str) -> np.ndarray:  # ty
 
 
 def test_the_route_serves_the_recipe_from_stored_rows(tiny_api_factory, tiny_model_dir: str) -> None:  # type: ignore[no-untyped-def]
-    _write(Path(tiny_model_dir), ["Transformer", "Pooling", "Normalize"], {"pooling_mode_cls_token": True})
+    _write(Path(tiny_model_dir), ["Transformer", "Pooling", "Normalize"],
+           {"word_embedding_dimension": 32, "pooling_mode_cls_token": True})
     api = tiny_api_factory()
     c, texts = api.client, ["a first text", "and a second one"]
     r = c.post("/v1/embeddings", json={"input": texts})
@@ -111,6 +112,10 @@ def test_the_route_serves_the_recipe_from_stored_rows(tiny_api_factory, tiny_mod
     assert api.worker.encoder.calls == calls
     np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+    from sentence_transformers import SentenceTransformer  # what the recipe means, computed its own way
+
+    st = SentenceTransformer(tiny_model_dir, device="cpu").encode(texts, convert_to_numpy=True)
+    assert (np.sum(got * st, axis=1) / np.linalg.norm(st, axis=1)).min() >= 0.999
     # /v1/features keeps its default (layer:-2, mean, unnormalised)
     f = c.post("/v1/features", json={"texts": texts}).json()
     assert (f["view"], f["pooling"]) == ("layer:-2", "mean")
