@@ -6,7 +6,8 @@ where it finds the problem and never re-raises it as an HTTP error itself.
 
 A failed job stores one of ``FAILURE_TYPES`` in its ``error_type`` column
 (``failure_type(exc)`` picks it), so the API answers 507 for a full disk or
-422 for input that cannot run from that type, never by reading the message.
+422 for input that cannot run from that type, 503 for a catalog that could
+not be reached meanwhile, never by reading the message.
 
 Example::
 
@@ -24,6 +25,7 @@ FAILURE_TYPES = (
     "input",        # the job cannot run as submitted (a person changes the request)
     "storage",      # disk full, quota or file-size limit (an operator frees space; retry as is)
     "worker_died",  # its worker died max_attempts times while running it
+    "unavailable",  # the catalog could not be reached while it ran (nothing to change; retry as is)
     "internal",     # a bug or an unexpected failure (the log has the traceback)
 )
 

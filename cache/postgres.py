@@ -15,7 +15,12 @@ statement:
   the same name (``IntegrityError`` for a duplicate id, ...), so callers catch
   one family whatever the backend; a server that cannot be reached is
   ``CatalogUnavailable`` (an ``OperationalError``), which the API answers
-  with 503 and its reason;
+  with 503, ``Retry-After`` and its reason; a full disk (SQLSTATE 53100) is an
+  ``OperationalError`` worded as SQLite's ("database or disk is full"), so
+  ``cache/space.py is_disk_full`` and the API's 507 recognise it the same way;
+- bounds: every connection has a connect timeout, TCP keepalives, a TCP user
+  timeout and a ``statement_timeout`` (``LAYERBANK_CATALOG_STATEMENT_TIMEOUT_S``,
+  120 s; 0: none), so no request waits on a silent server without end;
 - schema scripts run in one transaction under an advisory lock, because
   PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a second
   process doing the same at the same moment (two replicas starting together).
@@ -64,7 +69,12 @@ _cache: dict[str, str] = {}
 class CatalogUnavailable(sqlite3.OperationalError):
     """The PostgreSQL catalog cannot be reached (down, restarting, out of connections)."""
 
+    failure_type = "unavailable"  # a job that met it failed for no fault of its own (cache/errors.py)
 
+
+# connection exceptions, shutdown/crash recovery, too many connections or out of memory (53300,
+# 53200), a statement cut by statement_timeout (57014): the server, not the statement, is the trouble
+_UNAVAILABLE = ("08", "57P", "53200", "53300", "57014")
 _SAME_NAME = ("IntegrityError", "DataError", "ProgrammingError", "NotSupportedError", "InternalError",
               "OperationalError")
 
@@ -77,9 +87,13 @@ def sqlite_errors() -> Iterator[None]:
 
     try:
         yield
-    except (PoolTimeout, psycopg.OperationalError) as e:
-        if isinstance(e, PoolTimeout) or getattr(e, "sqlstate", None) is None \
-                or str(e.sqlstate).startswith(("08", "57P")):  # connection exceptions, shutdown
+    except (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError) as e:
+        state = str(getattr(e, "sqlstate", None) or "")
+        if state == "53100":  # disk_full: worded as SQLite's, so every caller's is_disk_full says 507
+            raise sqlite3.OperationalError(f"the PostgreSQL catalog's database or disk is full "
+                                           f"({_first_line(e)})") from e
+        if isinstance(e, PoolTimeout | psycopg.InterfaceError) or not state \
+                or state.startswith(_UNAVAILABLE):
             raise CatalogUnavailable(f"the PostgreSQL catalog is unavailable: {_first_line(e)}") from e
         raise sqlite3.OperationalError(_first_line(e)) from e
     except psycopg.DataError as e:
@@ -234,12 +248,33 @@ def _pool_for(url: str, max_size: int, timeout_s: float) -> "ConnectionPool":
         pool = _pools.get(key)
         if pool is None or pool.closed:
             pool = ConnectionPool(url, min_size=1, max_size=max_size, timeout=timeout_s, num_workers=1,
-                                  kwargs={"autocommit": True}, open=False,
+                                  kwargs={"autocommit": True, **_bounds(url, timeout_s)}, open=False,
                                   check=ConnectionPool.check_connection, name="layerbank-catalog")
             _pools[key] = pool
             with sqlite_errors():
                 pool.open(wait=True, timeout=timeout_s)
         return pool
+
+
+# a server that stops answering (host gone, network cut) must not hold a request forever:
+# libpq's connect timeout, TCP keepalives and a user timeout cut a dead connection; the
+# statement timeout cuts a statement stuck on the server (a lock, a full disk's retries)
+STATEMENT_TIMEOUT_S = float(os.environ.get("LAYERBANK_CATALOG_STATEMENT_TIMEOUT_S", "120"))
+
+
+def _bounds(url: str, timeout_s: float) -> dict[str, Any]:
+    """Connection parameters that bound every wait, unless the URL sets them itself."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = conninfo_to_dict(url)
+    want: dict[str, Any] = {"connect_timeout": max(2, int(timeout_s)), "keepalives": 1,
+                            "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
+                            "tcp_user_timeout": 20_000}
+    out = {k: v for k, v in want.items() if k not in given}
+    options = str(given.get("options") or "")
+    if STATEMENT_TIMEOUT_S > 0 and "statement_timeout" not in options:
+        out["options"] = f"{options} -c statement_timeout={int(STATEMENT_TIMEOUT_S * 1000)}".strip()
+    return out
 
 
 def close_pools() -> None:

@@ -56,6 +56,7 @@ from layerbank.cache.compact import compact
 from layerbank.cache.datasets import DatasetStore
 from layerbank.cache.jobs import Job, JobQueue
 from layerbank.cache.leftovers import clean_leftovers
+from layerbank.cache.outage import OutageWait, catalog_outage
 from layerbank.cache.runner import Claimer, Lease, release_orphans, run_claimed
 from layerbank.cache.store import FeatureStore
 
@@ -121,6 +122,7 @@ class Worker:
         self._urgent_depth = 0
         self._started = time.time()
         self._at_precision: dict[tuple[str, str], Encoder] = {}
+        self._outage = OutageWait(log)
 
     def encoder_at(self, precision: str | None, model: str | None = None) -> Encoder:
         """A served encoder (``model``: a name or fingerprint; None: the default)
@@ -163,24 +165,45 @@ class Worker:
         self.stopping.set()
 
     def run(self) -> None:
-        """Claim and run jobs until ``stop()`` (or the parent process is gone)."""
-        self.release_orphans()
-        clean_leftovers(self.store, self.queue, started=self._started)  # not only at `serve` start
-        self.seen()
+        """Claim and run jobs until ``stop()`` (or the parent process is gone).
+
+        A catalog that cannot be reached or whose disk is full (``catalog_outage``)
+        is waited out here, with backoff and one log line, rather than ending the
+        process: a supervisor would only restart it into the same outage."""
+        started = False
+        while not started and not self.stopping.is_set():
+            try:
+                self.release_orphans()
+                clean_leftovers(self.store, self.queue, started=self._started)  # not only at `serve` start
+                self.seen()
+                started = True
+            except Exception as e:
+                if not catalog_outage(e):
+                    raise
+                self._outage.wait(e, self.stopping)
+        self._outage.over()
         alive = threading.Thread(target=self._liveness, name="worker-liveness", daemon=True)
         alive.start()
         claimer = Claimer(self.queue, self.id, self.kinds, self.options.lease_seconds)
         last_work = last_compact = time.monotonic()
         while not self.stopping.is_set():
-            job = claimer.next()
-            if job is not None:
-                self.run_job(job)
-                last_work = time.monotonic()
+            try:
+                job = claimer.next()
+                if job is not None:
+                    self.run_job(job)
+                    last_work = time.monotonic()
+                    self._outage.over()
+                    continue
+                self._outage.over()
+                now = time.monotonic()
+                if now - last_work > self.options.compact_after_idle_s and now - last_compact > 30.0:
+                    last_compact = now
+                    self.compact_if_needed()
+            except Exception as e:
+                if not catalog_outage(e):
+                    raise
+                self._outage.wait(e, self.stopping)
                 continue
-            now = time.monotonic()
-            if now - last_work > self.options.compact_after_idle_s and now - last_compact > 30.0:
-                last_compact = now
-                self.compact_if_needed()
             self.stopping.wait(self.options.poll_interval_s)
         self.seen(state="stopped")
 

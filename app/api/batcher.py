@@ -20,6 +20,10 @@ Big batches (over a million characters of texts) pass their texts in a file
 beside the catalog rather than in the job row, so that the 2 ms poll and the
 worker's lease renewals stay cheap (``layerbank.cache.request_texts``).
 
+Catalog faults: a catalog that cannot be reached while a batch is submitted or
+waited on is a 503 with ``Retry-After`` for every waiter, a full disk a 507
+(``errors.catalog_failure``), never a 500 ``extraction_failed``.
+
 Overload: more than ``max_pending`` requests waiting for misses is a 429
 (``max_queue_depth``), never an unbounded queue.
 
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerbank.app.api.errors import ApiError, Overloaded, Timeout, job_failure
+from layerbank.app.api.errors import ApiError, Overloaded, Timeout, catalog_failure, job_failure
 from layerbank.cache import request_texts
 from layerbank.cache.errors import failure_type
 from layerbank.cache.jobs import JobQueue
@@ -179,6 +183,7 @@ class Batcher:
         self.stats.sizes = (self.stats.sizes + [len(texts)])[-1000:]
         job_id = uuid.uuid4().hex[:16]
         part: dict[str, Any] = {"texts": texts}
+        caught: BaseException | None = None
         try:
             if self.data_dir is not None:  # a file for big batches, written off the event loop
                 part = await asyncio.to_thread(request_texts.to_payload, self.data_dir, job_id, texts)
@@ -188,7 +193,7 @@ class Batcher:
                               priority=ENCODE_PRIORITY, job_id=job_id)
             error, error_type = await self._wait(job_id)
         except Exception as e:  # the catalog itself failed (full disk: 507): every waiter hears it
-            error, error_type = f"{type(e).__name__}: {e}", failure_type(e)
+            error, error_type, caught = f"{type(e).__name__}: {e}", failure_type(e), e
         finally:  # the job is over (or given up on): its texts file is not needed any more
             if self.data_dir is not None:
                 request_texts.discard(self.data_dir, part)
@@ -202,8 +207,9 @@ class Batcher:
                 continue
             if error is None:
                 w.future.set_result(None)
-            else:
-                w.future.set_exception(failure(error, error_type))
+            else:  # unreachable catalog: 503 + Retry-After; its disk full: 507 (errors.catalog_failure)
+                answer = catalog_failure(caught) if caught is not None else None
+                w.future.set_exception(answer or failure(error, error_type))
 
     async def _wait(self, job_id: str) -> tuple[str | None, str | None]:
         """(None, None) once the job succeeded, else its (error, error_type)."""

@@ -33,7 +33,12 @@ not re-raise; anything else -> 500 ``internal`` (logged with its traceback,
 never shown).
 
 A failed job's answer comes from its stored failure type, never its message:
-``job_failure(error, error_type)`` ("storage" -> 507, "input" -> 422, else 500).
+``job_failure(error, error_type)`` ("storage" -> 507, "input" -> 422,
+"unavailable" -> 503 with ``Retry-After``, else 500).
+A catalog that fails under a request (a miss waiting for its encode job, say)
+is answered by ``catalog_failure(exc)`` as the catalog handlers answer it
+(app/api/catalog_health.py): cannot be reached -> 503 with ``Retry-After``,
+disk full -> 507, never ``extraction_failed``.
 
 The one exception to the shape is ``/v1/embeddings``, which answers as
 OpenAI does, ``{"error": {"message", "type", "param", "code"}}``, because
@@ -75,6 +80,7 @@ __all__ = [
     "Unauthorized",
     "UnsupportedMediaType",
     "body_for",
+    "catalog_failure",
     "error_body",
     "install_error_handlers",
     "job_failure",
@@ -158,7 +164,8 @@ class InsufficientStorage(ApiError):
 
 
 # a failed job's error_type (layerbank.cache.errors.FAILURE_TYPES) -> the answer; others: 500
-_FAILURE_ERRORS: dict[str, type[ApiError]] = {"storage": InsufficientStorage, "input": InvalidInput}
+_FAILURE_ERRORS: dict[str, type[ApiError]] = {"storage": InsufficientStorage, "input": InvalidInput,
+                                              "unavailable": NotReady}
 
 
 def job_failure(error: str, error_type: str | None, *, what: str = "extraction failed",
@@ -173,7 +180,28 @@ def job_failure(error: str, error_type: str | None, *, what: str = "extraction f
         # the class name the runner put in front says nothing the status does not
         head, sep, rest = error.partition(": ")
         error = rest if sep and head.isidentifier() else error
+    if cls is NotReady:  # the catalog was unreachable meanwhile: the same request may be sent again
+        return NotReady(f"{what}: {error}; retry shortly",
+                        headers={"Retry-After": str(CATALOG_RETRY_AFTER_S)})
     return cls(f"{what}: {error}")
+
+
+CATALOG_RETRY_AFTER_S = 2  # a PostgreSQL restart or a replica's failover takes seconds
+
+
+def catalog_failure(exc: BaseException) -> ApiError | None:
+    """The answer for a catalog error met under a request, or None if it is not one of these:
+    the catalog cannot be reached (503, Retry-After) or its disk is full (507)."""
+    from layerbank.cache.postgres import CatalogUnavailable
+    from layerbank.cache.space import is_disk_full
+
+    if isinstance(exc, CatalogUnavailable):
+        return NotReady(f"{exc}; nothing was changed; retry shortly",
+                        headers={"Retry-After": str(CATALOG_RETRY_AFTER_S)})
+    if is_disk_full(exc):
+        return InsufficientStorage(f"the disk holding the catalog is full ({exc}); nothing was "
+                                   "changed; free some space and send the request again")
+    return None
 
 
 def error_body(message: str, type_: str, **extra: Any) -> dict[str, Any]:

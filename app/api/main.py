@@ -134,9 +134,16 @@ def _document_forbidden(schema: dict[str, Any] | None) -> None:
 
 async def _watch_model(state: AppState) -> None:
     """Keep the app's view of live workers and their model fresh."""
+    from layerbank.cache.outage import OutageWait, catalog_outage
+
+    outage = OutageWait(log)
     while True:
-        try:
-            state.refresh_model()
-        except Exception:  # a locked or busy catalog: try again next tick
-            log.exception("could not refresh the worker and model state")
+        try:  # in a thread: a catalog that does not answer must not stall every request with it
+            await asyncio.to_thread(state.refresh_model)
+            outage.over()
+        except Exception as e:
+            if catalog_outage(e):
+                outage.begin(e)  # one warning per outage, not a traceback per tick
+            else:  # a locked or busy catalog: try again next tick
+                log.exception("could not refresh the worker and model state")
         await asyncio.sleep(_REFRESH_S)

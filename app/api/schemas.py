@@ -255,8 +255,9 @@ class JobOut(BaseModel):
     attempts: int
     progress: Progress
     error: str | None
-    # why it failed, for programs: input, storage (disk full), worker_died, internal (cache/errors.py)
-    error_type: Literal["input", "storage", "worker_died", "internal"] | None = None
+    # why it failed, for programs: input, storage (disk full), worker_died, unavailable (the
+    # catalog could not be reached), internal (cache/errors.py)
+    error_type: Literal["input", "storage", "worker_died", "unavailable", "internal"] | None = None
     cancel_requested: bool
     created: float
     started: float | None

@@ -50,6 +50,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from layerbank.app.probes.heads_store import HEAD_FILES, HeadStore
+from layerbank.cache.outage import OutageWait, catalog_outage
 from layerbank.cache.runner import Claimer, release_orphans
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class ProbeService:
         self._running: dict[str, Future[str]] = {}
         self.claimer = Claimer(self.queue, self.owner, JOB_KINDS, self.settings.lease_seconds)
         self._wake: asyncio.Event | None = None
+        self._outage = OutageWait(log)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # head id -> (file signature, loaded head); and -> (signature, damage or None)
@@ -163,20 +165,27 @@ class ProbeService:
     async def _dispatch_forever(self) -> None:
         assert self._wake is not None
         while True:
+            pause = _IDLE_POLL_S
             try:
-                self._dispatch()
-            except Exception:  # a busy catalog: try again at the next tick
-                log.exception("could not dispatch probe jobs")
+                await self._dispatch()
+                self._outage.over()
+            except Exception as e:
+                if catalog_outage(e):  # logged once per outage; the pool's timeout already waited
+                    pause = max(pause, self._outage.begin(e))
+                else:  # a busy catalog: try again at the next tick
+                    log.exception("could not dispatch probe jobs")
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), _IDLE_POLL_S)
+                await asyncio.wait_for(self._wake.wait(), pause)
             except TimeoutError:
                 pass
 
-    def _dispatch(self) -> None:
+    async def _dispatch(self) -> None:
         s = self.settings
         while len(self._running) < s.probe_processes:
-            job = self.claimer.next()
+            # in a thread: a catalog that does not answer must not stall the event loop (and
+            # every request with it) for the pool's timeout
+            job = await asyncio.to_thread(self.claimer.next)
             if job is None:
                 return
             if self._executor is None:

@@ -14,7 +14,7 @@ from layerbank.cache.space import ShardWriteError
 
 
 def test_the_failure_types_are_the_stored_words() -> None:
-    assert FAILURE_TYPES == ("input", "storage", "worker_died", "internal")
+    assert FAILURE_TYPES == ("input", "storage", "worker_died", "unavailable", "internal")
 
 
 @pytest.mark.parametrize(("exc", "want"), [
