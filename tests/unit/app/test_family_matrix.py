@@ -186,6 +186,17 @@ def test_the_family_through_every_route(tiny_api_factory: Any, tiny_model_dir: s
     finally:
         store.close()
 
+    # -- a long text: the encoder tokenizes a prefix (workers/long_texts.py); its tokens,
+    # offsets and word ids are the whole text's, truncated, for every tokenizer kind
+    enc = api.worker.encoder
+    long = " ".join(POS + NEG + joined) * 8
+    assert len(long) > 16 * enc.config.max_length
+    mine = enc.tokenize([long], want_offsets=True)
+    full = tok(long, truncation=True, max_length=enc.config.max_length, return_offsets_mapping=True)
+    assert mine.input_ids[0] == full["input_ids"] and mine.truncated == [True]
+    assert [list(o) for o in mine.offsets[0]] == [list(o) for o in full["offset_mapping"]]  # type: ignore[index]
+    assert mine.word_ids[0] == [-1 if w is None else w for w in full.word_ids()]  # type: ignore[index]
+
     # -- a token probe on it --------------------------------------------------------------
     probe = c.post("/v1/probes", json={"task": "token", "dataset": train["id"], "valid_fraction": 0.34,
                                        "views": ["layer:-1"], "control_task": False})
