@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.model_pool import ModelChanged, ModelPool, ServedModel
@@ -133,3 +132,58 @@ def test_row10_a_model_restored_after_truncation_is_described_as_loaded(
     # what the API reads: the fingerprint it will find registered in the catalog, loaded
     assert entry["fingerprint"] == enc.fingerprint and entry["registered"] and entry["loaded"]
     assert pool.get(enc.fingerprint) is enc and pool.loads == 1
+
+
+def test_row10_over_http_a_restored_model_answers_without_a_restart(
+        two_weights: tuple[Path, Path], tmp_path: Path, tiny_model_dir: str) -> None:
+    """The run of issue 25: served with its weights truncated, then restored; the same request
+    answered 503 "is loading; retry shortly" until a restart. Now it answers 200."""
+    import threading
+    import time
+
+    from fastapi.testclient import TestClient
+    from layerbank.app.api.main import create_app
+    from layerbank.app.api.settings import Settings
+    from layerbank.app.cli.worker import served_models
+
+    a, _ = two_weights
+    served = Path(shutil.copytree(a, tmp_path / "served"))
+    weights = served / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 3])  # truncated when the server starts
+    settings = Settings(data_dir=tmp_path / "data", model=[tiny_model_dir, os.fspath(served)], device="cpu",
+                        batch_window_ms=2.0, heartbeat_seconds=0.5)
+    store = FeatureStore(settings.data_dir)
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    store.catalog.register_model(enc.fingerprint, enc.name, {**enc.info, "config": enc.config.canonical()})
+    worker = Worker(store, enc, WorkerOptions(heartbeat_seconds=0.5), models=served_models(settings, enc, store))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    body = {"texts": ["a quiet film"], "model": os.fspath(served), "view": "layer:-1"}
+    try:
+        with TestClient(create_app(settings), base_url="http://localhost",
+                        headers={"Origin": "http://localhost"}) as client:
+            deadline = time.monotonic() + 10
+            while client.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            damaged = client.post("/v1/features", json=body)
+            assert damaged.status_code == 503, damaged.text  # its files cannot be loaded now
+            weights.write_bytes(whole)  # restored
+            answers = []
+            for _ in range(5):  # a retry or two while the worker's liveness row catches up
+                r = client.post("/v1/features", json=body)
+                answers.append((r.status_code, r.json().get("error")))
+                if r.status_code == 200:
+                    break
+                time.sleep(0.6)
+            assert answers[-1][0] == 200, answers
+            want = Encoder.load(os.fspath(a), device="cpu")
+            assert r.json()["dim"] == 32 and r.json()["data"][0]["cached"] is False
+            np.testing.assert_allclose(r.json()["data"][0]["embedding"],
+                                       want.encode(want.tokenize(body["texts"])).pooled["mean"][0, -1],
+                                       rtol=2e-3, atol=2e-3)
+    finally:
+        worker.stop()
+        thread.join(10)
+        store.close()
