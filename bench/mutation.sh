@@ -35,6 +35,12 @@ declare -A TESTS=(
   [cache/views.py]="tests/unit/cache/test_views.py"
   [app/api/origin.py]="tests/unit/app/test_origin_guard_asgi.py tests/unit/app/test_origin_guard.py::test_loopback_names tests/unit/app/test_origin_guard.py::test_the_listen_host_is_allowed_unless_it_is_a_wildcard"
   [app/api/catalog_health.py]="tests/unit/app/test_catalog_health.py"
+  # derived files and model identity (issue 25): measured.py's tests are torch-free (1.5 s);
+  # the others load tiny models and export them (20-40 s a mutant: run them one at a time)
+  [workers/measured.py]="tests/unit/workers/test_measured.py"
+  [workers/model_pool.py]="tests/unit/workers/test_model_pool.py tests/reliability/test_model_identity.py"
+  [workers/engines/onnx.py]="tests/unit/workers/test_onnx_engine.py tests/reliability/test_derived_files.py"
+  [workers/engines/choice.py]="tests/unit/workers/test_precision_calibration.py tests/reliability/test_derived_files.py"
 )
 # modules with PostgreSQL-only code (issue 19) run their tests on both catalog backends
 # (tests/conftest.py: test_postgres.py runs in the PostgreSQL pass, test_repair.py in SQLite's)
