@@ -102,5 +102,5 @@ def test_llama_index_takes_the_model_as_model_name_not_model() -> None:
     # why docs/api.md says model_name=: model= is an enum of OpenAI's own models in this client
     from llama_index.embeddings.openai import OpenAIEmbedding
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'all-MiniLM-L6-v2' is not a valid OpenAIEmbeddingModelType"):
         OpenAIEmbedding(model=MODEL, api_base="http://127.0.0.1:1/v1", api_key="unused")
