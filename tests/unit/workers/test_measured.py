@@ -161,3 +161,26 @@ def test_choices_and_temp_names() -> None:
     assert name.startswith("precision-ab.json.123-") and name.endswith(".tmp") and len(name) == len(
         "precision-ab.json.123-") + 8 + 4
     assert temp_name(Path("x")) != temp_name(Path("x"))
+
+
+def test_as_info_is_what_info_and_the_cli_show() -> None:
+    import dataclasses
+
+    from layerbank.workers.measured import Measured
+
+    m = Measured("precision", "bf16", 2.123456, {"fp32": 1.23456789, "bf16": 0.5}, {"cpu": "C"}, reused=True)
+    assert m.as_info() == {"chosen": "bf16", "measured_ratio": 2.123, "figures": {"fp32": 1.234568, "bf16": 0.5},
+                           "reused": True, "machine": "C"}
+    fresh = Measured("engine", "torch", 1.0, {}, {})
+    assert fresh.reused is False and fresh.as_info()["machine"] == ""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.choice = "fp32"  # type: ignore[misc]
+
+
+def test_cpu_model_is_the_model_name_line() -> None:
+    from layerbank.workers.measured import cpu_model
+
+    info = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines()
+             if ln.startswith("model name")] if info.exists() else []
+    assert cpu_model() == (names[0] if names else "unknown")
