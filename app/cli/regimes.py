@@ -1,7 +1,8 @@
 """``layerbank regimes``: freeze or fine-tune, measured, in-process.
 
     layerbank regimes FILE --text-column sentence --label-column label \\
-        [--regimes frozen,bitfit,lora,top_k,gradual,full] [--seeds 3] [--top-k N] \\
+        [--regimes frozen,bitfit,bitfit_query,lora,top_k,gradual,full] [--seeds 3] [--top-k 0,1,2] \\
+        [--xi 0.85,0.95,1.0] \\
         [--train-sizes 100,500] [--max-epochs 10] [--plot DIR] [--json OUT]
 
 extracts the texts the store lacks (layerbank.workers.local.LocalExtractor; the data
@@ -10,9 +11,13 @@ directory is held meanwhile), hands their stored mean-pooled states to
 ``format_regimes_table`` (one line per regime: test macro-F1 and accuracy as
 mean ± std over seeds, trainable parameters and share, bytes per task,
 seconds per epoch, peak memory) and the verdict: the best regime, and the
-cheapest one within one std of it. Trained tensors go to
+cheapest one within one std of it; then the layer-cut curve (``--top-k``
+takes a list of cut points, default every layer count) with its 90% verdict,
+the xi sweep (``--xi`` with several values) and, with ``--train-sizes``, the
+crossover. Trained tensors go to
 ``<data dir>/regimes/cli-<id>/`` as safetensors. ``--plot DIR`` writes
-``regimes.png`` (the HTTP API's picture), ``--json OUT`` the whole result.
+``regimes.png`` (the HTTP API's picture) and, with a layer-cut curve,
+``layer_cut.png``; ``--json OUT`` the whole result.
 Every flag has a ``LAYERBANK_*`` twin; list flags take commas.
 """
 
@@ -30,7 +35,9 @@ from layerbank.app.cli.extract import load_table
 
 __all__ = ["register", "run", "verdict"]
 
-_ALL = "frozen,bitfit,lora,top_k,gradual,full"
+from layerbank.regime_names import REGIMES
+
+_ALL = ",".join(REGIMES)
 
 
 def register(sub: Any) -> None:
@@ -46,7 +53,10 @@ def register(sub: Any) -> None:
              "rule, ceil(1500 / training texts) within [2, 10] (docs/regimes.md)")
     add_flag(p, "--eval", dest="eval_sets", help="extra evaluation sets, NAME=FILE[,NAME=FILE...] (same "
              "columns and format as FILE; e.g. a shifted domain): every regime is scored on each too")
-    add_flag(p, "--top-k", type=int, help="bottom layers the top_k regime freezes (default: half)")
+    add_flag(p, "--top-k", help="bottom layers the top_k regime freezes, or comma-separated cut points "
+             "(one row each and the layer-cut curve; default: every layer count 0..L, every other above 12)")
+    add_flag(p, "--xi", help="per-layer rate factor of full, top_k, gradual (lr of layer l = lr * xi ** (L - l)); "
+             "comma-separated to sweep it (default: gradual 1/2.6, the others one rate)")
     add_flag(p, "--train-sizes", help="comma-separated training-set sizes (default: the whole train split)")
     add_flag(p, "--max-epochs", type=int, default=10, help="epoch budget of each fine-tune")
     add_flag(p, "--split-seed", type=int, default=0, help="seed of the train/validation/test split")
@@ -84,9 +94,19 @@ def verdict(result: dict[str, Any]) -> str:
                   f"less than {best})"
 
 
-def _args(args: argparse.Namespace) -> tuple[list[str], list[int] | None]:
-    from layerbank.app.api.routes.regimes import REGIMES
+def _numbers(flag: str, text: str | None, kind: type) -> Any:
+    """None, one number, or a list of them, from a comma-separated flag."""
+    if not text:
+        return None
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        fail(f"{flag} must be comma-separated numbers, got {text!r}")
+        raise
+    return values[0] if len(values) == 1 else values
 
+
+def _args(args: argparse.Namespace) -> tuple[list[str], list[int] | None]:
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
     unknown = [r for r in regimes if r not in REGIMES]
     if unknown or not regimes:
@@ -126,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.label_column is None:
         fail("--label-column is required: the column (or JSON field) holding each text's label")
     regimes, sizes = _args(args)
+    top_k, xi = _numbers("--top-k", args.top_k, int), _numbers("--xi", args.xi, float)
     settings = settings_from(args)
     table = load_table(args, label_column=args.label_column)
     labels = table.labels or []
@@ -157,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
             result = run_regimes(
                 table.texts, labels, model_path=ex.encoder.name, regimes=regimes, seeds=args.seeds,
                 eval_sets=eval_sets,
-                top_k=args.top_k, train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
+                top_k=top_k, xi=xi,
+                train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
                 max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
                 frozen_features=read.data if read.found.all() else None,
                 out_dir=ex.store.root / "regimes" / run_id, progress=bar, stage=bar.stage)
@@ -174,6 +196,11 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "regimes.png").write_bytes(regimes_plot_png(result))
         print(f"wrote {out / 'regimes.png'}", file=sys.stderr)
+        if result.get("layer_cut"):
+            from layerbank.app.probes.regimes_plot import layer_cut_png
+
+            (out / "layer_cut.png").write_bytes(layer_cut_png(result))
+            print(f"wrote {out / 'layer_cut.png'}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)

@@ -15,7 +15,11 @@ task (log scale), one point per regime with standard-deviation error bars,
 one series per training size; the regime names are moved apart until no
 two labels overlap (layerbank.app.probes.plot_text), the cheapest regime
 within one std of the best is ringed and named in the legend, and the
-title names the model, not its path.
+title names the model, not its path. ``layer_cut_png(result)`` draws the
+layer-cut curve (test macro-F1 against fine-tuned layers) with full
+fine-tuning's score and 90% of it as lines; ``curve_lines`` gives the
+curve, the xi sweep and their verdicts as text (the crossover follows the
+table).
 
 Neither imports torch (matplotlib only when plotting, Agg backend), so the
 API process can render a stored result.
@@ -35,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["NO_SPREAD", "format_regimes_table", "regimes_figure", "regimes_plot_png", "warnings"]
+__all__ = ["NO_SPREAD", "curve_lines", "format_regimes_table", "layer_cut_figure", "layer_cut_png",
+           "regimes_figure", "regimes_plot_png", "warnings"]
 
 NO_SPREAD = "1 seed: no spread"
 _MARKER_PT = 6.0  # matplotlib's default marker size, named: labels keep clear of it
@@ -96,7 +101,8 @@ def warnings(result: Mapping[str, Any]) -> list[str]:
 
 def format_regimes_table(result: Mapping[str, Any]) -> str:
     """A plain-text table of every regime, per training size, with the verdict and warnings."""
-    header = (f"{'regime':<8} {'macro-F1':>15} {'accuracy':>15} {'trainable':>11} {'share':>8} "
+    w = max([7, *(len(k) for b in _blocks(result) for k in b["regimes"])])  # top_k:3, full:xi=0.9 ...
+    header = (f"{'regime':<{w + 1}} {'macro-F1':>15} {'accuracy':>15} {'trainable':>11} {'share':>8} "
               f"{'bytes/task':>10} {'s/epoch':>8} {'peak mem':>9}")
     lines = []
     for block in _blocks(result):
@@ -110,7 +116,7 @@ def format_regimes_table(result: Mapping[str, Any]) -> str:
             mark = "*" if name == block["cheapest_within_one_std"] and not one else " "
             mark = "!" if r.get("not_converged_seeds") else mark
             lines.append(
-                f"{name:<7}{mark} {_score(r['macro_f1_mean'], r['macro_f1_std'], one)} "
+                f"{name:<{w}}{mark} {_score(r['macro_f1_mean'], r['macro_f1_std'], one)} "
                 f"{_score(r['accuracy_mean'], r['accuracy_std'], one)} {r['trainable_params']:>11,} "
                 f"{100 * r['trainable_share']:>7.3f}% {_size(r['bytes_per_task']):>10} "
                 f"{r['seconds_per_epoch']:>8.2f} {_size(r['peak_memory_bytes']):>9}")
@@ -124,11 +130,72 @@ def format_regimes_table(result: Mapping[str, Any]) -> str:
                 lines.append(f"too close to call: {block['best']} and {', '.join(block['too_close_to_call'])} "
                              f"(one-std intervals overlap over {n} seeds; more seeds would separate them)")
         lines += _eval_lines(block, one)
+        lines += curve_lines(block)
         lines.append("")
+    if result.get("crossover"):
+        lines += [f"crossover: {result['crossover']['verdict']}", ""]
     found = warnings(result)
     if found:
         lines += ["! did not converge:"] + [f"warning: {w}" for w in found] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def curve_lines(block: Mapping[str, Any]) -> list[str]:
+    """The layer-cut curve (fine-tuned layers -> score) and the xi sweep, with their verdicts."""
+    lines = []
+    cut = block.get("layer_cut")
+    if cut:
+        lines.append("layer cut (Lee et al.): fine-tuned layers -> test macro-F1: " + ", ".join(
+            f"{p['fine_tuned_layers']}: {p['macro_f1_mean']:.3f}" for p in cut["points"]))
+        lines.append(f"layer cut: {cut['verdict']}")
+    for sweep in block.get("xi_sweep") or []:
+        lines.append("xi sweep: " + ", ".join(f"xi {p['xi']:g}: {p['macro_f1_mean']:.3f}" for p in sweep["points"])
+                     + f"; {sweep['verdict']}")
+    return lines
+
+
+def layer_cut_figure(result: Mapping[str, Any]) -> Figure:
+    """Test macro-F1 (mean ± std) against fine-tuned layers, with full's score and 90% of it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from layerbank.app.probes.plot_text import model_label
+
+    cut = result.get("layer_cut")
+    if not cut:
+        raise ValueError("this result has no layer-cut curve (top_k with at least two cut points)")
+    one = _n_seeds(result) == 1
+    fig = Figure(figsize=(8, 5), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = [p["fine_tuned_layers"] for p in cut["points"]]
+    ys = [p["macro_f1_mean"] for p in cut["points"]]
+    ax.errorbar(xs, ys, yerr=None if one else [p["macro_f1_std"] for p in cut["points"]], fmt="o-",
+                capsize=4, label="top_k: embeddings and the bottom layers frozen")
+    if cut.get("full"):
+        ax.axhline(cut["full"]["macro_f1_mean"], color="black", linestyle="-", linewidth=1,
+                   label=f"full fine-tuning ({cut['full']['macro_f1_mean']:.3f})")
+        ax.axhline(cut["target"], color="gray", linestyle="--", linewidth=1,
+                   label=f"{cut['fraction']:.0%} of full ({cut['target']:.3f})")
+    if cut.get("fewest_layers_at_90") is not None:
+        ax.axvline(cut["fewest_layers_at_90"], color="seagreen", linestyle=":",
+                   label=f"fewest layers reaching {cut['fraction']:.0%}: {cut['fewest_layers_at_90']}")
+    ax.set_xticks(range(int(cut["n_layers"]) + 1))
+    ax.set_xlabel(f"fine-tuned layers (of {cut['n_layers']})")
+    ax.set_ylabel("test macro-F1 (" + (NO_SPREAD if one else f"mean ± std over {_n_seeds(result)} seeds") + ")")
+    ax.set_title(f"How many top layers to fine-tune\n{model_label(result.get('model'))}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    return fig
+
+
+def layer_cut_png(result: Mapping[str, Any]) -> bytes:
+    """PNG bytes of ``layer_cut_figure(result)``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buf = io.BytesIO()
+    FigureCanvasAgg(layer_cut_figure(result)).print_png(buf)
+    return buf.getvalue()
 
 
 def _eval_lines(block: Mapping[str, Any], one: bool) -> list[str]:

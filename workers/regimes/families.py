@@ -77,6 +77,7 @@ __all__ = [
 
 # what each regime needs found in the model (keys of Layout.missing)
 NEEDS: dict[str, tuple[str, ...]] = {"frozen": (), "bitfit": (), "full": (), "lora": ("layers", "lora"),
+                                     "bitfit_query": ("layers", "query"),
                                      "top_k": ("layers", "places"), "gradual": ("layers", "places")}
 
 
@@ -158,6 +159,9 @@ class Layout:
     unused: tuple[str, ...]
     lora_modules: list[str]  # full names of the Linear modules LoRA adapts
     note: str = ""
+    # the attention query projections (bitfit_query trains their biases): the LoRA targets
+    # named like a query; a fused Q/K/V Linear has none of its own
+    query_modules: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)  # what -> why ("layers", "lora", "places")
 
     def place(self, name: str) -> tuple[str, int | None]:
@@ -259,11 +263,26 @@ def _discovered(model: nn.Module, model_type: str) -> Layout:
     return layout
 
 
+def _find_query(model: nn.Module, layout: Layout) -> None:
+    """The query projections among the LoRA targets; a fused Q/K/V with a bias cannot give
+    its query part alone (one tensor), so ``bitfit_query`` is then unmappable; without a
+    bias (ModernBERT's default) there is simply no query bias, and it trains only the head."""
+    layout.query_modules = [n for n in layout.lora_modules if _Q.match(n.rsplit(".", 1)[-1])]
+    modules = dict(model.named_modules())
+    fused = [n for n in layout.lora_modules if _QKV.match(n.rsplit(".", 1)[-1])]
+    if any(getattr(modules[n], "bias", None) is not None for n in fused):
+        layout.missing["query"] = (f"the query projection is fused with the key and value ones in {fused[0]!r}: "
+                                   "its query bias is not a parameter of its own")
+    elif not layout.query_modules and not fused:
+        layout.missing["query"] = "no query projection found (" + layout.missing.get("lora", "none named") + ")"
+
+
 def describe(model: nn.Module) -> Layout:
     """The layout of a bare encoder: registered for its ``model_type``, else discovered. Never raises."""
     model_type = str(getattr(getattr(model, "config", None), "model_type", "") or "")
     family = FAMILIES.get(model_type)
     layout = _registered(model, model_type, family) if family else _discovered(model, model_type)
+    _find_query(model, layout)
     if "layers" not in layout.missing:
         stray = [n for n, _ in model.named_parameters() if layout.place(n)[0] == "none"]
         if stray:

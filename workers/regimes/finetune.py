@@ -11,7 +11,20 @@ shifted domain), each with the same standing as the test split.
 lower group at the rate above / 2.6, under the paper's **slanted triangular**
 schedule (a short linear rise over ``cut_frac`` = 10% of the steps to the
 peak, then a long linear fall to peak / ``ratio`` = 32); the other regimes
-warm up over 10% and decay linearly to 0. It returns the scores, timings, peak memory and the
+warm up over 10% and decay linearly to 0. ``full`` and ``top_k`` take the same
+per-layer decay as ``xi`` (Sun et al. 2019): the rate of layer l (1..L, the
+embeddings layer 0) is ``lr * xi ** (L - l)``; ``gradual``'s default xi is
+1 / 2.6, and ``xi`` = None on ``full`` / ``top_k`` means one rate (xi = 1).
+
+Layerwise updates: a copy of the trainable parameters is kept at the start
+(only those: the frozen ones cannot move), and at the end each part of the
+model (``embeddings``, ``layer_0`` .. ``layer_{L-1}`` by block, ``top``,
+``head``) gets ||theta_after - theta_before|| / ||theta_before|| over all its
+parameters, theta_after the kept (best) state; a part that did not train is
+exactly 0. LoRA's adapters count in the layer they sit in (its parameters
+before are the base weights plus the adapters' init).
+
+It returns the scores, timings, peak memory and the
 tensors a task must store (only the parameters that trained, plus the head).
 
 Cancellation: ``should_cancel()`` is polled before every step and every
@@ -38,7 +51,8 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score
 from torch import nn
 
-from layerbank.workers.regimes.trainable import configure, gradual_groups
+from layerbank.workers.regimes.families import describe
+from layerbank.workers.regimes.trainable import configure, depth_groups, gradual_groups
 from layerbank.workers.regimes.resources import Cancelled, PeakMemory, check_cancel, freeing_on_cancel
 
 __all__ = [
@@ -48,8 +62,10 @@ __all__ = [
     "Split",
     "TrainSettings",
     "finetune",
+    "layer_updates",
     "make_optimizer",
     "predict",
+    "rate_groups",
 ]
 
 Check = Callable[[], bool] | None
@@ -76,7 +92,8 @@ class TrainSettings:
     top_k: int | None = None
     seed: int = 0
     device: str = "cpu"
-    decay: float = 2.6  # ULMFiT: each lower layer's rate is the one above / 2.6
+    decay: float = 2.6  # ULMFiT: each lower layer's rate is the one above / 2.6 (gradual, when xi is None)
+    xi: float | None = None  # per-layer rate factor: lr * xi ** depth (None: gradual 1 / decay, others 1)
     stlr_ratio: float = 32.0  # ULMFiT's slanted triangular rates: lowest = peak / ratio
     # (weight [C, d], bias [C]) to start the head from, e.g. a linear probe (LP-FT);
     # None: PyTorch's random init.
@@ -97,6 +114,8 @@ class RunResult:
     state: dict[str, torch.Tensor] = field(repr=False)  # what a task stores
     # per extra evaluation split: {"accuracy", "macro_f1"} of the same (best) state
     eval_scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    # part -> ||after - before|| / ||before|| (module docstring)
+    layer_updates: dict[str, float] = field(default_factory=dict)
 
 
 class SequenceClassifier(nn.Module):
@@ -193,16 +212,77 @@ def slanted_triangular(total: int, cut_frac: float = 0.1, ratio: float = 32.0) -
     return rate
 
 
+def rate_factor(s: TrainSettings) -> float:
+    """The per-layer factor xi: the settings', else gradual's 1 / decay, else 1 (one rate)."""
+    if s.xi is not None:
+        return float(s.xi)
+    return 1.0 / s.decay if s.regime == "gradual" else 1.0
+
+
 def make_optimizer(model: SequenceClassifier, s: TrainSettings,
                    groups: list[list[nn.Parameter]] | None = None) -> torch.optim.AdamW:
-    """AdamW: the head at ``head_lr``; the encoder at ``lr``, or per ``groups`` (top first)."""
+    """AdamW: the head at ``head_lr``; the encoder at ``lr``, or per ``groups`` (top first):
+    group k at ``lr * xi ** k`` (``rate_factor``)."""
     head = {"params": list(model.head.parameters()), "lr": s.head_lr}
     if groups is None:
         body = [p for p in model.encoder.parameters() if p.requires_grad]
         param_groups = [head] + ([{"params": body, "lr": s.lr}] if body else [])
-    else:  # discriminative rates: group k (k-th from the top) learns at lr / decay**k
-        param_groups = [head] + [{"params": g, "lr": s.lr / s.decay**k} for k, g in enumerate(groups)]
+    else:  # discriminative rates: group k (k-th from the top) learns at lr * xi**k
+        xi = rate_factor(s)
+        param_groups = [head] + [{"params": g, "lr": s.lr * xi**k} for k, g in enumerate(groups) if g]
     return torch.optim.AdamW(param_groups, weight_decay=s.weight_decay)
+
+
+def rate_groups(body: nn.Module, s: TrainSettings) -> list[list[nn.Parameter]] | None:
+    """The encoder's per-depth groups when its rates differ by layer, else None (one rate)."""
+    if s.regime == "gradual":
+        return gradual_groups(body)
+    if s.regime in ("full", "top_k") and s.xi is not None and s.xi != 1.0:
+        return [[p for p in g if p.requires_grad] for g in depth_groups(body, s.regime)]
+    return None
+
+
+def _part_names(model: SequenceClassifier) -> dict[str, str]:
+    """Parameter name -> its part: embeddings, layer_<block>, top, head (the pooler: none)."""
+    layout = describe(model.encoder)
+    out = {}
+    for name, _ in model.named_parameters():
+        if name.startswith("head."):
+            out[name] = "head"
+            continue
+        base = name[len("encoder."):].replace(".base_layer.", ".")  # LoRA wraps the Linear it adapts
+        kind, block = layout.place(base)
+        if kind == "layer":
+            out[name] = f"layer_{block}"
+        elif kind in ("embeddings", "top"):
+            out[name] = kind
+    return out
+
+
+def layer_updates(model: SequenceClassifier, before: Mapping[str, torch.Tensor],
+                  before_sq: Mapping[str, float]) -> dict[str, float]:
+    """Per part, ||after - before|| / ||before|| (``before``: the trainable parameters' start;
+    ``before_sq``: every parameter's squared norm at the start)."""
+    parts = _part_names(model)
+    moved: dict[str, float] = {}
+    size: dict[str, float] = {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            part = parts.get(name)
+            if part is None:
+                continue
+            size[part] = size.get(part, 0.0) + before_sq[name]
+            delta = 0.0 if name not in before else float((param.detach().float().cpu() - before[name]).pow(2).sum())
+            moved[part] = moved.get(part, 0.0) + delta
+    return {p: (moved[p] ** 0.5 / size[p] ** 0.5 if size[p] > 0 else 0.0) for p in _ordered(moved)}
+
+
+def _ordered(parts: Mapping[str, float]) -> list[str]:
+    def key(p: str) -> tuple[int, int]:
+        if p.startswith("layer_"):
+            return 1, int(p[len("layer_"):])
+        return {"embeddings": 0, "top": 2, "head": 3}[p], 0
+    return sorted(parts, key=key)
 
 
 def _scores(y: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
@@ -224,13 +304,18 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
                 model.head.bias.copy_(torch.as_tensor(s.head_init[1]))
         model.to(s.device)
         stored = [n for n, p in model.named_parameters() if p.requires_grad]
-        groups = gradual_groups(body) if s.regime == "gradual" else None
+        # the start of what trains (a CPU copy of those only) and every parameter's size: layer_updates
+        before = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+        with torch.no_grad():
+            before_sq = {n: float(p.detach().float().pow(2).sum()) for n, p in model.named_parameters()}
+        groups = rate_groups(body, s)
         optimizer = make_optimizer(model, s, groups)
+        thaw = groups if s.regime == "gradual" else None  # only gradual unfreezes along a schedule
         lengths = np.array([len(r) for r in train.ids])
         steps_per_epoch = -(-len(lengths) // s.batch_size)
         total = steps_per_epoch * s.max_epochs
         warmup = max(1, int(s.warmup_frac * total))
-        if groups:  # gradual: ULMFiT's slanted triangular rates, as the paper pairs them
+        if thaw:  # gradual: ULMFiT's slanted triangular rates, as the paper pairs them
             schedule = torch.optim.lr_scheduler.LambdaLR(
                 optimizer, slanted_triangular(total, s.warmup_frac, s.stlr_ratio))
         else:
@@ -238,7 +323,7 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
                 (t + 1) / warmup, max(0.0, (total - t) / max(1, total - warmup))))
         # ULMFiT unfreezes one group per epoch; spreading the same order over
         # the first half of the budget completes it under any max_epochs.
-        every = max(1, total // (2 * len(groups))) if groups else 0
+        every = max(1, total // (2 * len(thaw))) if thaw else 0
         labels = torch.as_tensor(train.labels, dtype=torch.long)
         best_f1, best_epoch, bad, epoch_seconds, step = -1.0, 0, 0, [], 0
         best_state: dict[str, torch.Tensor] = {}
@@ -247,9 +332,9 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
             started = time.perf_counter()
             for batch in _train_batches(lengths, s.batch_size, rng):
                 check_cancel(should_cancel)
-                if groups:
-                    thawed = min(len(groups), 1 + step // every)
-                    for k, group in enumerate(groups):
+                if thaw:
+                    thawed = min(len(thaw), 1 + step // every)
+                    for k, group in enumerate(thaw):
                         for p in group:
                             p.requires_grad_(k < thawed)
                 ids, mask = _pad([train.ids[i] for i in batch], pad_id, s.device)
@@ -265,13 +350,15 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
                 best_f1, best_epoch, bad = val_f1, epoch, 0
                 params = dict(model.named_parameters())
                 best_state = {n: params[n].detach().to("cpu", copy=True) for n in stored}
-            elif not groups or 1 + step // every >= len(groups):  # patience starts once all thawed
+            elif not thaw or 1 + step // every >= len(thaw):  # patience starts once all thawed
                 bad += 1
             if progress is not None:
                 progress(epoch, s.max_epochs)
             if bad >= s.patience:
                 break
         model.load_state_dict(best_state, strict=False)
+        updates = layer_updates(model, before, before_sq)
+        del before
         pred = predict(model, test.ids, pad_id, s.device, should_cancel)
         eval_scores = {}
         for name, split in evals.items():
@@ -280,4 +367,4 @@ def _finetune(encoder: nn.Module, train: Split, val: Split, test: Split, n_class
     accuracy, macro_f1 = _scores(test.labels, pred)
     return RunResult(accuracy, macro_f1, best_f1, epoch, best_epoch,
                      float(np.mean(epoch_seconds)), memory.peak_bytes, memory.kind,
-                     encoder_trainable, best_state, eval_scores)
+                     encoder_trainable, best_state, eval_scores, updates)

@@ -32,9 +32,11 @@ def _bert_layer(d: int, inter: int) -> tuple[int, int]:
 
 
 def _regime(regime: str, L: int, k: int, layer: int, emb: int, layer_biases: int, emb_biases: int,
-            lora_per_layer: int, top: int = 0) -> int:
+            lora_per_layer: int, top: int = 0, query_bias: int = 0) -> int:
     if regime == "frozen":
         return 0
+    if regime == "bitfit_query":  # one query bias of d per layer
+        return L * query_bias
     if regime == "bitfit":
         return emb_biases + L * layer_biases
     if regime == "lora":
@@ -58,7 +60,7 @@ def bert(regime: str, c: Any, k: int, r: int) -> int:
     if c.model_type == "electra" and E != d:
         emb, emb_biases = emb + d * E + d, emb_biases + d
     layer, biases = _bert_layer(d, inter)
-    return _regime(regime, L, k, layer, emb, biases, emb_biases, 2 * 2 * d * r)
+    return _regime(regime, L, k, layer, emb, biases, emb_biases, 2 * 2 * d * r, query_bias=d)
 
 
 def distilbert(regime: str, c: Any, k: int, r: int) -> int:
@@ -66,7 +68,7 @@ def distilbert(regime: str, c: Any, k: int, r: int) -> int:
     d, inter, L = c.dim, c.hidden_dim, c.n_layers
     layer, biases = _bert_layer(d, inter)
     return _regime(regime, L, k, layer, (c.vocab_size + c.max_position_embeddings) * d + 2 * d, biases, d,
-                   2 * 2 * d * r)
+                   2 * 2 * d * r, query_bias=d)
 
 
 def albert(regime: str, c: Any, k: int, r: int) -> int:
@@ -87,6 +89,8 @@ def albert(regime: str, c: Any, k: int, r: int) -> int:
         return E + d + G * n * biases
     if regime == "lora":
         return G * n * 2 * 2 * d * r
+    if regime == "bitfit_query":  # the shared layers' query biases, once
+        return G * n * d
     return _regime(regime, L, k, layer, emb, biases, 0, 0)
 
 
@@ -118,7 +122,7 @@ def deberta_v2(regime: str, c: Any, k: int, r: int) -> int:
             kinds = [str(t).lower() for t in (c.pos_att_type or [])]
             extra = ("c2p" in kinds) + ("p2c" in kinds)
             layer, biases = layer + extra * (d * d + d), biases + extra * d
-    return _regime(regime, L, k, layer, emb, biases, emb_biases, 2 * 2 * d * r)
+    return _regime(regime, L, k, layer, emb, biases, emb_biases, 2 * 2 * d * r, query_bias=d)
 
 
 def mpnet(regime: str, c: Any, k: int, r: int) -> int:
@@ -128,7 +132,7 @@ def mpnet(regime: str, c: Any, k: int, r: int) -> int:
     emb = (c.vocab_size + c.max_position_embeddings) * d + 2 * d \
         + c.relative_attention_num_buckets * c.num_attention_heads
     layer, biases = _bert_layer(d, inter)
-    return _regime(regime, L, k, layer, emb, biases, d, 2 * 2 * d * r)
+    return _regime(regime, L, k, layer, emb, biases, d, 2 * 2 * d * r, query_bias=d)
 
 
 def modernbert(regime: str, c: Any, k: int, r: int) -> int:
@@ -153,6 +157,8 @@ def modernbert(regime: str, c: Any, k: int, r: int) -> int:
         return 0
     if regime == "bitfit":
         return norm_b + sum(layer_biases(i) for i in range(L)) + norm_b
+    if regime == "bitfit_query":  # fused Wqkv: no query bias of its own (without attention_bias, none)
+        return 0
     if regime == "lora":
         return L * (d * r + 3 * d * r)
     if regime == "top_k":

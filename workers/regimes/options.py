@@ -42,10 +42,15 @@ def default_seeds(n_train: int) -> int:
 class RegimesOptions:
     """A regimes comparison; see ``layerbank.workers.regimes.run.run_regimes``."""
 
-    regimes: Sequence[str] | None = None  # None: every regime (trainable.REGIMES, which imports torch)
+    regimes: Sequence[str] | None = None  # None: every regime (layerbank.regime_names.REGIMES)
     # a count (0..n-1), the seeds themselves, or None: ``default_seeds`` of each training size
     seeds: int | Sequence[int] | None = None
-    top_k: int | None = None  # bottom layers the top_k regime freezes (None: half)
+    # bottom layers the top_k regime freezes, or a list of cut points (None: every layer count
+    # 0..L up to 12 layers, every other above: layerbank.regime_names.default_cuts)
+    top_k: int | Sequence[int] | None = None
+    # per-layer rate factor of full, top_k, gradual (lr of layer l = lr * xi ** (L - l)), or a
+    # list to sweep (None: gradual 1/2.6, the others one rate)
+    xi: float | Sequence[float] | None = None
     train_sizes: Sequence[int] | None = None  # a learning curve over these sizes (None: all rows)
     split_seed: int = 0
     test_size: float = 0.2

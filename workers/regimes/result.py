@@ -104,6 +104,9 @@ def _summary(runs: list[dict[str, Any]], **fixed: Any) -> dict[str, Any]:
     out["seconds_per_epoch"] = float(np.mean([r["seconds_per_epoch"] for r in runs]))
     out["peak_memory_bytes"] = int(max(r["peak_memory_bytes"] for r in runs))
     out["not_converged_seeds"] = [r["seed"] for r in runs if not r.get("converged", True)]
+    if runs[0].get("layer_updates"):  # per part, the mean over seeds of ||after - before|| / ||before||
+        out["layer_updates"] = {part: float(np.mean([r["layer_updates"][part] for r in runs]))
+                                for part in runs[0]["layer_updates"]}
     out["runs"] = runs
     return out
 

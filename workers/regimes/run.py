@@ -15,6 +15,11 @@ requested regime (``layerbank.workers.regimes.trainable``) and scores it on the 
   the head starting by default from a probe on the last hidden state of the
   same training rows (LP-FT; ``probe_head``).
 
+Rows: one per ``layerbank.regime_names.variants`` entry (``top_k`` once per
+cut point, ``full`` / ``top_k`` / ``gradual`` once per ``xi`` value when
+several are given); each block adds ``layer_cut`` and ``xi_sweep``
+(``layerbank.workers.regimes.curves``), and a learning curve ``crossover``.
+
 With ``train_sizes``, seed ``s`` draws a stratified subsample of the train
 split that every regime shares (paired comparison); validation and test stay
 fixed. The headline (``regimes``, ``best``, ...) is the largest size. Without
@@ -64,11 +69,13 @@ import numpy as np
 from layerbank.cache.fingerprint import default_model_path
 from layerbank.workers.batching import token_budget_batches
 from layerbank.workers.encoder import Encoder, Tokenized
+from layerbank.regime_names import REGIMES, Variant, variants
+from layerbank.workers.regimes.curves import crossover, layer_cut, xi_sweep
 from layerbank.workers.regimes.families import describe, layout_summary, require
 from layerbank.workers.regimes.finetune import Split, TrainSettings, finetune
 from layerbank.workers.regimes.linear_probe import probe_head, probe_layers, stratified_split, subsample
 from layerbank.workers.regimes.options import RegimesOptions, default_seeds
-from layerbank.workers.regimes.trainable import LORA_RANK, REGIMES, default_top_k, encoder_params
+from layerbank.workers.regimes.trainable import LORA_RANK, encoder_params
 from layerbank.workers.regimes.result import choose, save_artifact, table_row
 from layerbank.workers.regimes.resources import PeakMemory, check_cancel, freeing_on_cancel
 
@@ -76,7 +83,7 @@ __all__ = ["DEFAULT_LR", "RegimesOptions", "run_regimes"]
 
 # Encoder learning rates (the head always uses head_lr): few parameters need
 # large steps (BitFit, LoRA), whole layers need small ones.
-DEFAULT_LR = {"bitfit": 1e-3, "lora": 5e-4, "top_k": 5e-5, "gradual": 5e-5, "full": 5e-5}
+DEFAULT_LR = {"bitfit": 1e-3, "bitfit_query": 1e-3, "lora": 5e-4, "top_k": 5e-5, "gradual": 5e-5, "full": 5e-5}
 Progress = Callable[[int, int], None] | None
 
 
@@ -93,7 +100,10 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], options: RegimesOpt
     train; its fields may be given as keywords instead (``regimes=..., seeds=2``),
     or override some of ``options``'. The rest is the data and the hooks.
 
-    ``top_k`` is how many bottom layers the ``top_k`` regime freezes (default half);
+    ``top_k`` is how many bottom layers the ``top_k`` regime freezes, or a list of such cut
+    points (one row each, ``top_k:k``; default every layer count 0..L, every other above 12
+    layers: ``layer_cut`` in each block); ``xi`` the per-layer rate factor of ``full``,
+    ``top_k`` and ``gradual``, or a list of them (one row each: ``xi_sweep``);
     ``max_epochs`` may map each train size to its epoch budget; ``lr`` overrides
     ``DEFAULT_LR`` for all regimes (a float) or some (a mapping); ``head_init``
     "probe" starts every fine-tuned head from ``probe_head`` on the last hidden
@@ -128,7 +138,7 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], options: RegimesOpt
     job = _Job(regimes=tuple(regimes), seeds=None if seeds is None else
                [*range(seeds)] if isinstance(seeds, int) else [*seeds],
                sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
-               split_seed=split_seed, top_k=top_k, patience=o.patience, batch_size=o.batch_size,
+               split_seed=split_seed, top_k=top_k, xi=o.xi, patience=o.patience, batch_size=o.batch_size,
                rates=rates, head_lr=o.head_lr, head_init=head_init, device=dev, out=out, progress=progress,
                should_cancel=should_cancel, stage=stage, eval_sets=dict(eval_sets or {}))
     return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, o.test_size, o.val_size,
@@ -157,7 +167,8 @@ class _Job:
     sizes: list[int | None]
     epochs: dict[int | None, int]
     split_seed: int
-    top_k: int | None
+    top_k: int | Sequence[int] | None
+    xi: float | Sequence[float] | None
     patience: int
     batch_size: int
     rates: dict[str, float]
@@ -200,8 +211,9 @@ class _Job:
         ids = encoder.tokenize(texts).input_ids
         eval_ids = {name: encoder.tokenize(list(t)).input_ids for name, (t, _) in (self.eval_sets or {}).items()}
         config = encoder.model.config
-        n_frozen = default_top_k(config) if self.top_k is None else self.top_k
-        trained = [r for r in self.regimes if r != "frozen"]
+        n_layers = int(config.num_hidden_layers)
+        rows_of = variants(self.regimes, n_layers, self.top_k, self.xi)  # cut points, xi values: one row each
+        trained = [v for v in rows_of if v.regime != "frozen"]
         self.total = sum(len(seeds_by_size[s]) * (("frozen" in self.regimes) + len(trained) * self.epochs[s])
                          for s in self.sizes)
         feature_seconds = 0.0
@@ -223,7 +235,7 @@ class _Job:
 
         curve = []
         for size in self.sizes:
-            runs: dict[str, list[dict[str, Any]]] = {r: [] for r in self.regimes}
+            runs: dict[str, list[dict[str, Any]]] = {v.key: [] for v in rows_of}
             probes: dict[bytes, dict[str, Any]] = {}
             seeds = seeds_by_size[size]
             for seed in seeds:
@@ -233,10 +245,11 @@ class _Job:
                     assert features is not None
                     head = probe_head(features[rows, -1].astype(np.float32), y[rows], len(classes))
                 stem = f"size{len(rows)}/{{}}/seed{seed}"
-                for regime in self.regimes:
+                for v in rows_of:
+                    regime = v.regime
                     check_cancel(self.should_cancel)
                     if self.stage is not None:
-                        self.stage(f"{regime}, seed {seeds.index(seed) + 1} of {len(seeds)}, "
+                        self.stage(f"{v.key}, seed {seeds.index(seed) + 1} of {len(seeds)}, "
                                    f"{len(rows)} training texts")
                     if regime == "frozen":
                         assert features is not None
@@ -247,12 +260,20 @@ class _Job:
                         runs[regime].append({"seed": seed, **probes[rows.tobytes()]})
                         self._tick(self.done + 1)
                         continue
-                    runs[regime].append(self._finetune(regime, seed, size, head, stem.format(regime),
-                                                       encoder, split(rows), split(val), split(test),
-                                                       len(classes), n_frozen, meta, eval_splits))
-            table = {r: table_row(r, rs, config, n_frozen, len(classes), encoder_params(encoder.model),
-                                   feature_seconds, model=encoder.model) for r, rs in runs.items()}
-            curve.append({"train_size": len(rows), "regimes": table, **choose(table)})
+                    runs[v.key].append(self._finetune(v, seed, size, head, stem.format(_file_safe(v.key)),
+                                                      encoder, split(rows), split(val), split(test),
+                                                      len(classes), meta, eval_splits))
+            table = {v.key: {**table_row(v.regime, runs[v.key], config, _cut(v, n_layers), len(classes),
+                                         encoder_params(encoder.model), feature_seconds, model=encoder.model),
+                             **_what(v, n_layers)} for v in rows_of}
+            block: dict[str, Any] = {"train_size": len(rows), "regimes": table, **choose(table)}
+            cut = layer_cut(table, n_layers)
+            if cut is not None and len(cut["points"]) > 1:
+                block["layer_cut"] = cut
+            sweep = xi_sweep(table)
+            if sweep:
+                block["xi_sweep"] = sweep
+            curve.append(block)
         result = {"model": {"path": model_path, "fingerprint": encoder.fingerprint,
                             "encoder_params": encoder_params(encoder.model),
                             "num_layers": int(config.num_hidden_layers),
@@ -266,7 +287,9 @@ class _Job:
                                "seed_rule": None if self.seeds is not None else
                                "ceil(1500 / training texts) seeds, within [2, 10]",
                                "eval_sets": {n: len(v) for n, v in evals_y.items()},
-                               "top_k": n_frozen,
+                               "top_k": sorted({v.top_k for v in rows_of if v.top_k is not None}),
+                               "xi": self.xi, "xi_default": "gradual: 1/2.6 (ULMFiT); full and top_k: 1 "
+                               "(one rate); lr of layer l (1..L) = lr * xi ** (L - l), embeddings xi ** L",
                                "max_epochs": {str(s): e for s, e in self.epochs.items()},
                                "patience": self.patience, "batch_size": self.batch_size,
                                "lr": self.rates, "head_lr": self.head_lr, "head_init": self.head_init,
@@ -275,16 +298,21 @@ class _Job:
                   "classes": classes.tolist(), "score": "test macro-F1", **curve[-1]}
         if self.sizes != [None]:
             result["learning_curve"] = curve
+            cross = crossover(curve)
+            if cross is not None:
+                result["crossover"] = cross
         return result
 
-    def _finetune(self, regime: str, seed: int, size: int | None,
+    def _finetune(self, v: Variant, seed: int, size: int | None,
                   head: tuple[np.ndarray, np.ndarray] | None, stem: str, encoder: Encoder,
-                  train: Split, val: Split, test: Split, n_classes: int, n_frozen: int,
+                  train: Split, val: Split, test: Split, n_classes: int,
                   meta: dict[str, Any], evals: dict[str, Split]) -> dict[str, Any]:
+        regime = v.regime
+        n_frozen = _cut(v, int(encoder.model.config.num_hidden_layers))
         settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
                                  max_epochs=self.epochs[size], patience=self.patience,
                                  batch_size=self.batch_size, top_k=n_frozen, seed=seed,
-                                 device=self.device, head_init=head)
+                                 device=self.device, head_init=head, xi=v.xi)
         base = self.done
         run = finetune(encoder.model, train, val, test, n_classes,
                        int(encoder.tokenizer.pad_token_id or 0), settings,
@@ -293,7 +321,8 @@ class _Job:
         scores = {k: v for k, v in vars(run).items() if k != "state"}
         scores["converged"] = run.best_epoch < self.epochs[size]  # else still improving at the budget's end
         save_artifact(self.out, stem, run.state,
-                      {"regime": regime, "seed": seed, **meta, "top_k": n_frozen, "lora_rank": LORA_RANK,
+                      {"regime": regime, "variant": v.key, "xi": v.xi, "seed": seed, **meta, "top_k": n_frozen,
+                       "lora_rank": LORA_RANK,
                        "lr": self.rates[regime], "head_init": self.head_init,
                        "head": "linear on mean-pooled last hidden state", **scores})
         return {"seed": seed, **scores, "stored_params": sum(t.numel() for t in run.state.values())}
@@ -308,6 +337,23 @@ class _Job:
         save_artifact(self.out, stem, arrays, {"regime": "frozen", **meta, "pooling": "mean", **metrics})
         return {**metrics, "seconds_per_epoch": seconds, "peak_memory_bytes": memory.peak_bytes,
                 "peak_memory_kind": memory.kind, "epochs": 1}
+
+
+def _cut(v: Variant, n_layers: int) -> int:
+    """Bottom layers frozen: the variant's cut for top_k, half for the rest (unused by them)."""
+    return n_layers // 2 if v.top_k is None else v.top_k
+
+
+def _what(v: Variant, n_layers: int) -> dict[str, Any]:
+    """What a row was trained with: its regime, cut (and fine-tuned layers) and rate factor."""
+    out: dict[str, Any] = {"regime": v.regime, "xi": v.xi}
+    if v.top_k is not None:
+        out.update(top_k=v.top_k, fine_tuned_layers=n_layers - v.top_k)
+    return out
+
+
+def _file_safe(key: str) -> str:
+    return key.replace(":", "_").replace("=", "")
 
 
 def _mean_features(encoder: Encoder, ids: list[list[int]],

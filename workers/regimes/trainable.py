@@ -11,6 +11,8 @@ from the family's layout (``families.describe``): BERT's names are one case.
 
     frozen   nothing in the encoder trains (the head is a probe on features)
     bitfit   every bias term (attention, feed-forward and LayerNorm biases)
+    bitfit_query  the biases of the attention query projections only (BitFit's
+             smallest variant: L x d for BERT; ModernBERT has none)
     lora     LoRA rank r on the family's query and value projections
              (ModernBERT: its fused Wqkv): L x 2 x 2 x d x r
     top_k    embeddings and the first N layers frozen, layers N..L-1 train
@@ -41,6 +43,7 @@ from typing import Any
 
 from torch import nn
 
+from layerbank.regime_names import REGIMES, TRAINED_REGIMES
 from layerbank.workers.regimes.families import Layout, describe, require
 from layerbank.workers.regimes.formulas import formula
 
@@ -50,6 +53,7 @@ __all__ = [
     "TRAINED_REGIMES",
     "configure",
     "default_top_k",
+    "depth_groups",
     "encoder_params",
     "expected_trainable",
     "gradual_groups",
@@ -57,9 +61,7 @@ __all__ = [
     "tree_trainable",
 ]
 
-REGIMES = ("frozen", "bitfit", "lora", "top_k", "gradual", "full")
-TRAINED_REGIMES = REGIMES[1:]
-LORA_RANK = 8
+LORA_RANK = 8  # REGIMES, TRAINED_REGIMES: layerbank.regime_names (torch-free, shared with the HTTP layer)
 
 
 def _config(model: nn.Module) -> Any:
@@ -90,6 +92,8 @@ def _trains(layout: Layout, regime: str, name: str, frozen_below: int) -> bool:
         return False
     if regime == "bitfit":
         return name.endswith(".bias")
+    if regime == "bitfit_query":
+        return name.endswith(".bias") and name[: -len(".bias")] in layout.query_modules
     if regime == "top_k":  # a block trains when it computes any position above the cut
         if kind == "layer":
             assert block is not None
@@ -161,8 +165,16 @@ def gradual_groups(model: nn.Module) -> list[list[nn.Parameter]]:
     A block goes with the highest layer position it computes (ALBERT's one
     shared layer: the top one), what sits above the last layer with the top
     layer; groups left empty by shared layers are dropped."""
+    return [g for g in depth_groups(model, "gradual") if g]
+
+
+def depth_groups(model: nn.Module, regime: str = "full") -> list[list[nn.Parameter]]:
+    """Encoder parameters by depth below the top: index 0 the top layer (and what sits above
+    it), index L - 1 layer 0, index L the embeddings; a discriminative rate ``lr * xi ** index``
+    is ULMFiT's and Sun et al.'s ``lr_top * xi ** (L - l)`` with layers l = 1..L and the
+    embeddings as layer 0. Groups may be empty (ALBERT's shared layer leaves L - 1 empty)."""
     layout = describe(model)
-    require(layout, ["gradual"])
+    require(layout, [regime])
     n_layers = layout.n_layers
     groups: list[list[nn.Parameter]] = [[] for _ in range(n_layers + 1)]
     for name, param in _named(model, layout):
@@ -174,7 +186,7 @@ def gradual_groups(model: nn.Module) -> list[list[nn.Parameter]]:
             groups[0].append(param)
         else:  # embeddings (require() has ruled out parameters with no place)
             groups[n_layers].append(param)
-    return [g for g in groups if g]
+    return groups
 
 
 def expected_trainable(

@@ -1,6 +1,6 @@
 """Freeze or fine-tune over HTTP: the ``regimes`` job (docs/regimes.md).
 
-- ``POST /v1/regimes`` ``{"dataset", "regimes"?, "seeds"?, "top_k"?,
+- ``POST /v1/regimes`` ``{"dataset", "regimes"?, "seeds"?, "top_k"? (int or list), "xi"? (float or list),
   "train_sizes"?, "max_epochs"?, "patience"?, "split_seed"?}``: check the
   request against the dataset and its model (404 unknown dataset; 409 with
   ``job_id`` while its extraction has not succeeded; 422 for unknown
@@ -14,6 +14,9 @@
   verdict ``best`` / ``within_noise`` / ``cheapest_within_one_std``).
 - ``GET /v1/regimes/{id}/plot.png``: macro-F1 against bytes per task (409
   until it succeeded).
+- ``GET /v1/regimes/{id}/layer_cut.png``: the layer-cut curve, macro-F1
+  against fine-tuned layers with full's score and 90% of it (409 until it
+  succeeded, or when the job ran fewer than two ``top_k`` cuts).
 - ``DELETE /v1/regimes/{id}``: cancel (200 when it was queued, 202 while it
   stops at its next training step, 409 once finished).
 
@@ -44,15 +47,13 @@ from layerbank.app.api.routes.features import json_response, require_json
 from layerbank.app.api.routes.jobs import find_job, job_out
 from layerbank.app.api.schemas import error_responses
 from layerbank.cache.jobs import Job
+from layerbank.regime_names import MAX_VARIANTS, REGIMES, variants  # one list: the worker reads it too
 
-__all__ = ["REGIMES", "RegimesCreate", "check_request", "regimes_out", "router"]
+__all__ = ["MAX_VARIANTS", "REGIMES", "RegimesCreate", "check_request", "regimes_out", "router"]
 
-# the same names and order as layerbank.workers.regimes.trainable.REGIMES (that module imports torch;
-# tests/unit/app/test_regimes_routes.py checks the two agree)
-REGIMES = ("frozen", "bitfit", "lora", "top_k", "gradual", "full")
 TEST_SIZE, VAL_SIZE = 0.2, 0.1  # run_regimes' defaults: the split the sizes are checked against
 _TERMINAL = ("succeeded", "failed", "cancelled")
-_ERRORS = error_responses(401, 404, 409, 415, 422)
+_ERRORS = error_responses(401, 404, 409, 413, 415, 422)
 _PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "a PNG image"}}
 
 router = APIRouter(prefix="/v1", tags=["regimes"])
@@ -67,8 +68,14 @@ class RegimesCreate(BaseModel):
                               "default: ceil(1500 / training texts) within [2, 10], more for smaller sets")
     eval_datasets: list[str] = Field([], max_length=8, description="ids of labelled datasets to score "
                                      "every regime on too (e.g. a shifted domain), with the in-domain gap")
-    top_k: int | None = Field(None, ge=0, description="bottom layers the top_k regime freezes "
-                              "(default: half the layers)")
+    top_k: int | list[int] | None = Field(
+        None, description="bottom layers the top_k regime freezes, or a list of cut points (one row each, "
+        "top_k:k, and the layer-cut curve: the fewest fine-tuned layers reaching 90% of full's score); "
+        "default: every layer count 0..L (every other one above 12 layers)")
+    xi: float | list[float] | None = Field(
+        None, description="per-layer rate factor of full, top_k and gradual: lr of layer l (1..L) = "
+        "lr * xi ** (L - l), the embeddings xi ** L; a list sweeps it (one row each); default: gradual "
+        "1/2.6 (ULMFiT), full and top_k one rate")
     train_sizes: list[int] | None = Field(None, min_length=1, max_length=10,
                                           description="training-set sizes (a learning curve); "
                                           "default: the whole train split")
@@ -121,9 +128,15 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
                            "classifiers (one label per text)", field="dataset")
     _check_layout(info, req.regimes)
     n_layers = int(info.get("num_layers", int(info["n_hidden_states"]) - 1))
-    if req.top_k is not None and req.top_k > n_layers:
+    cuts = [req.top_k] if isinstance(req.top_k, int) else req.top_k
+    if cuts is not None and (not cuts or len(cuts) > n_layers + 1 or any(not 0 <= k <= n_layers for k in cuts)):
         raise InvalidInput(f"top_k: {req.top_k} layers to freeze, but model {info.get('name')} has "
-                           f"{n_layers}", field="top_k")
+                           f"{n_layers} (each cut in 0..{n_layers}, at most {n_layers + 1} of them)", field="top_k")
+    try:  # the xi values' range and the number of runs per seed
+        variants(req.regimes, n_layers, req.top_k, req.xi)
+    except ValueError as e:  # each message starts with what is wrong: xi, top_k, or the runs' count
+        where = next((f for f in ("xi", "top_k") if str(e).startswith(f)), "regimes")
+        raise InvalidInput(f"{where}: {e}" if where == "regimes" else str(e), field=where) from None
     labels = state.datasets.items(ds.id).labels
     missing = sum(label is None for label in labels)
     if missing:
@@ -157,7 +170,7 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
             raise InvalidInput(f"eval_datasets: {eval_ds.id} has labels {strangers[:5]} that {ds.id} "
                                "never trains on", field="eval_datasets")
         evals.append(eval_ds.id)
-    return {"dataset_id": ds.id, "regimes": list(req.regimes), "seeds": req.seeds, "top_k": req.top_k,
+    return {"dataset_id": ds.id, "regimes": list(req.regimes), "seeds": req.seeds, "top_k": req.top_k, "xi": req.xi,
             "eval_datasets": evals,
             "train_sizes": sizes, "max_epochs": req.max_epochs, "patience": req.patience,
             "split_seed": req.split_seed, "n_texts": len(labels)}
@@ -165,8 +178,10 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
 
 def regimes_out(job: Job) -> dict[str, Any]:
     base = f"/v1/regimes/{job.id}"
-    return {**job_out(job), "job_id": job.id, "request": job.payload,
-            "links": {"self": base, "job": f"/v1/jobs/{job.id}", "plot": f"{base}/plot.png"}}
+    links = {"self": base, "job": f"/v1/jobs/{job.id}", "plot": f"{base}/plot.png"}
+    if job.state == "succeeded" and (job.result or {}).get("layer_cut"):
+        links["layer_cut_plot"] = f"{base}/layer_cut.png"
+    return {**job_out(job), "job_id": job.id, "request": job.payload, "links": links}
 
 
 def _regimes_job(state: AppState, regimes_id: str) -> Job:
@@ -199,6 +214,22 @@ async def regimes_plot(regimes_id: str, state: AppState = Depends(get_state)) ->
     from layerbank.app.probes.regimes_plot import regimes_plot_png  # matplotlib only, no torch (checked by a test)
 
     return Response(await run_in_threadpool(regimes_plot_png, job.result), media_type="image/png")
+
+
+@router.get("/regimes/{regimes_id}/layer_cut.png", response_class=Response, responses={**_ERRORS, **_PNG},
+            summary="Test macro-F1 against fine-tuned layers, with full's score and 90% of it (PNG)")
+async def regimes_layer_cut_plot(regimes_id: str, state: AppState = Depends(get_state)) -> Response:
+    job = _regimes_job(state, regimes_id)
+    if job.state != "succeeded":
+        why = f": {job.error}" if job.error else ""
+        raise Conflict(f"regimes job {regimes_id} is {job.state}{why}; its plot exists once it has "
+                       "succeeded", extra={"job_id": job.id, "job_state": job.state})
+    if not (job.result or {}).get("layer_cut"):
+        raise Conflict(f"regimes job {regimes_id} has no layer-cut curve: it needs the top_k regime at two "
+                       "or more cut points (top_k: [0, 1, ...])", extra={"job_id": job.id, "job_state": job.state})
+    from layerbank.app.probes.regimes_plot import layer_cut_png  # matplotlib only, no torch
+
+    return Response(await run_in_threadpool(layer_cut_png, job.result), media_type="image/png")
 
 
 @router.delete("/regimes/{regimes_id}", responses={

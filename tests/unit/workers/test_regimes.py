@@ -65,7 +65,7 @@ def _hand_counts(c) -> dict[str, int]:  # type: ignore[no-untyped-def]
     feed_forward = (d * inter + inter) + (inter * d + d) + d + d  # up, down; LayerNorm
     layer = attention + feed_forward
     biases = d + L * (d + d + d + d + d + inter + d + d)  # emb LN; q k v o, LN, up, down, LN
-    return {"frozen": 0, "bitfit": biases, "lora": L * 2 * 2 * d * 8,
+    return {"frozen": 0, "bitfit": biases, "bitfit_query": L * d, "lora": L * 2 * 2 * d * 8,
             "top_k": (L - L // 2) * layer, "gradual": embeddings + L * layer,
             "full": embeddings + L * layer}
 
@@ -204,13 +204,13 @@ def test_every_regime_end_to_end_on_the_tiny_model(tiny_model_dir: str, tmp_path
     before = _digest(tiny_model_dir)
     seen: list[tuple[int, int]] = []
     stages: list[str] = []
-    result = run_regimes(texts, labels, model_path=tiny_model_dir, seeds=2, train_sizes=[20, 40],
+    result = run_regimes(texts, labels, model_path=tiny_model_dir, seeds=2, train_sizes=[20, 40], top_k=1,
                          max_epochs={20: 2, 40: 1}, max_length=16, device="cpu", out_dir=tmp_path / "o",
                          progress=lambda done, total: seen.append((done, total)), stage=stages.append)
     json.dumps(result)  # the result is plain JSON
     assert _digest(tiny_model_dir) == before  # weights on disk untouched
     assert [b["train_size"] for b in result["learning_curve"]] == [20, 40]
-    assert seen[-1] == (seen[-1][1], 2 * (1 + 5 * 2) + 2 * (1 + 5 * 1))
+    assert seen[-1] == (seen[-1][1], 2 * (1 + 6 * 2) + 2 * (1 + 6 * 1))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     # one stage per regime, seed and size, named as the CLI's bar shows it
     assert len(stages) == 2 * 2 * len(REGIMES)

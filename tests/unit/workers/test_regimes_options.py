@@ -18,8 +18,8 @@ def test_the_options_come_from_a_regimes_jobs_payload() -> None:
                "train_sizes": [40, 80], "max_epochs": 3, "patience": 1, "split_seed": 5}
     opts = RegimesOptions.from_payload(payload, max_length=64, device="cpu")
     assert dataclasses.asdict(opts) == {
-        "regimes": ["frozen", "lora"], "seeds": 2, "top_k": None, "train_sizes": [40, 80], "split_seed": 5,
-        "test_size": 0.2, "val_size": 0.1, "max_epochs": 3, "patience": 1, "batch_size": 16, "lr": None,
+        "regimes": ["frozen", "lora"], "seeds": 2, "top_k": None, "xi": None, "train_sizes": [40, 80],
+        "split_seed": 5, "test_size": 0.2, "val_size": 0.1, "max_epochs": 3, "patience": 1, "batch_size": 16, "lr": None,
         "head_lr": 1e-3, "max_length": 64, "device": "cpu", "head_init": "probe"}
 
 
