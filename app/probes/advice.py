@@ -1,9 +1,11 @@
 """Advice: frozen head or fine-tune? Plain words with the numbers behind them.
 
 ``storage_costs(model_info, head_bytes)`` gives what each option stores, in
-bytes (float32 for the encoder options)::
+bytes of the numbers it keeps (float32 for the encoder options)::
 
-    frozen head      the saved head (arrays.npz + head.json)
+    frozen head      the head's fitted arrays (``head_bytes``: float64 weights,
+                     bias and scaler; not its classes' names, not the file
+                     container or head.json, as no option below counts those)
     full fine-tune   n_params * 4           (a whole copy of the encoder)
     LoRA r=8 (q, v)  L * 2 * 2 * d * 8 * 4  (per layer: query and value, each
                                              an A [d x 8] and a B [8 x d])
@@ -37,11 +39,12 @@ balanced classes (c = 0.25), 0.475 and 0.775.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from layerbank.cache.views import parse_view
 
-__all__ = ["HIGH", "LOW", "SMALL_DATA", "recommend", "storage_costs", "thresholds"]
+__all__ = ["HIGH", "LOW", "SMALL_DATA", "head_bytes", "recommend", "storage_costs", "thresholds"]
 
 # a compression this much better than the best view's is worth naming (MDL noise is a few %)
 COMPRESSION_MARGIN = 1.05
@@ -86,15 +89,26 @@ def _human(n_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def head_bytes(arrays: Mapping[str, Any]) -> int:
+    """A head's size, the one figure the advice, ``GET /v1/heads/{id}``'s ``storage``
+    and the lab's head page show: the bytes of its fitted arrays but ``classes_``
+    (``arrays``: name -> numpy array, as ``head._arrays`` lists them)."""
+    return int(sum(a.nbytes for name, a in arrays.items() if name != "classes_"))
+
+
 def _linear_head_bytes(result: dict[str, Any]) -> int:
-    """Rough size of a linear head on the best view: float64 weights, bias,
-    scaler mean and scale (what save_head writes for logistic/ridge/SVM)."""
+    """The size of a linear head on the best view (logistic, ridge, SVM: what
+    save_head writes for them), before any is fitted: ``head_bytes`` of its
+    arrays' shapes (float64 scaler mean and scale, weights, bias)."""
+    import numpy as np
+
     task = result["task"]
     view = result["best"]["view"]
     n_states, d = task["n_hidden_states"], task["hidden_size"]
     dim = d if view == "scalar_mix" else parse_view(view).output_dim(n_states, d)
     rows = 1 if len(task["classes"]) == 2 else len(task["classes"])
-    return 8 * (dim * (rows + 2) + rows)
+    shapes = {"mean_": (dim,), "scale_": (dim,), "coef_": (rows, dim), "intercept_": (rows,)}
+    return head_bytes({k: np.broadcast_to(np.float64(0), v) for k, v in shapes.items()})
 
 
 def recommend(result: dict[str, Any], model_info: dict[str, Any],

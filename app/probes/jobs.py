@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from layerbank.app.probes.advice import head_bytes
 from layerbank.app.probes.heads import save_head
 from layerbank.app.probes.heads_store import HeadStore
 from layerbank.app.probes.inputs import check_labels
@@ -272,6 +273,8 @@ def _run_head(job: Job, store: FeatureStore, ctl: _Control) -> dict[str, Any]:
             "classes": [c.item() for c in classes], "label_type": ds.meta.get("label_type", "str"),
             "class_counts": {str(c): int(k) for c, k in zip(classes, counts)},
             "n_examples": len(labels), "seed": int(p["seed"]), "input_shape": _input_shape(p["view"], states),
+            # the size the advice, the head's storage and the lab show (advice.head_bytes)
+            "weight_bytes": head_bytes({a: getattr(head, a) for a in head._arrays}),
             "from_probe": p.get("from_probe")}
     tmp = heads.temp_directory(rec.id)
     save_head(head, tmp, meta)

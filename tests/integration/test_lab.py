@@ -271,7 +271,12 @@ def test_save_the_best_as_a_head_and_classify_a_sentence(page: Any, lab: dict[st
     assert head["state"] == "succeeded" and (head["view"], head["pooling"]) == (best["view"], best["pooling"])
     sizes = {b.get_attribute("data-label"): int(b.get_attribute("data-value"))
              for b in page.query_selector_all("#sizes .bar")}
-    assert sizes["this head"] == head["size_bytes"]
+    # one size for a head: its fitted arrays, the figure the probe's advice gave before it existed
+    assert sizes["this head"] == head["storage"]["frozen_head_bytes"]
+    advice = s.get(f"/v1/probes/{lab['probe']}").json()["result"]["recommendation"]["numbers"]
+    if head["head"] == "logistic":  # the advice estimates a linear head
+        assert advice["frozen_head_bytes"] == head["storage"]["frozen_head_bytes"]
+        assert advice["bitfit_bytes"] == head["storage"]["bitfit_bytes"]
     assert sizes["full fine-tune"] == head["storage"]["full_finetune_bytes"]
     assert sizes["LoRA r=8 (q, v)"] == head["storage"]["lora_r8_bytes"]
     text = "a warm , funny and deeply moving film that i would happily watch again"
@@ -280,8 +285,9 @@ def test_save_the_best_as_a_head_and_classify_a_sentence(page: Any, lab: dict[st
     page.wait_for_selector("#predicted-label")
     want = s.post(f"/v1/heads/{head_id}/predict", json={"texts": [text]}).json()
     assert page.inner_text("#predicted-label") == want["data"][0]["label"] == "1"
-    shown = [float(td.inner_text()) for td in page.query_selector_all("#probabilities td")]
-    assert shown == want["data"][0]["probabilities"]
+    cells = page.query_selector_all("#probabilities td")
+    assert [float(td.get_attribute("data-value")) for td in cells] == want["data"][0]["probabilities"]
+    assert [td.inner_text() for td in cells] == [f"{p:.3f}" for p in want["data"][0]["probabilities"]]
     _shot(page, lab, "head", at="#sizes")
     lab["head"] = head_id
 
@@ -307,6 +313,9 @@ def test_run_regimes_from_the_page(page: Any, lab: dict[str, Any]) -> None:
     assert page.inner_text("#verdict").startswith(f"Best: {res['best']}.")
     shown = [x.get_attribute("data-regime") for x in page.query_selector_all("tr[data-regime]")]
     assert shown == sorted(res["regimes"], key=lambda n: -res["regimes"][n]["macro_f1_mean"])  # best first
+    for name in shown:  # one seed has no spread, and the table says so (as the CLI) instead of "± 0.000"
+        row = page.inner_text(f"tr[data-regime={name}]")
+        assert f"{res['regimes'][name]['macro_f1_mean']:.3f} (1 seed: no spread)" in row and "±" not in row
     _shot(page, lab, "regimes", at="#verdict")
     lab["regimes"] = rid
     # with training sizes: score against size, one line per regime, spread over two seeds
@@ -368,6 +377,8 @@ def test_home_lists_everything_and_the_pages_fit_a_phone(page: Any, lab: dict[st
     page.wait_for_selector(f"{row}[data-state=succeeded]", timeout=T)
     assert page.inner_text(f"{row} .progress-pct") == "100%"
     assert s.get(f"/v1/jobs/{job['id']}").json()["state"] == "succeeded"
+    counts = [m.inner_text() for m in page.query_selector_all("#jobs .progress .muted")]
+    assert counts and not [c for c in counts if "/ ?" in c], counts  # no total: none shown, not "0 / ?"
     info = s.get("/info").json()
     main = page.inner_text("main")
     assert info["model"]["name"] in main and "API documentation" in main

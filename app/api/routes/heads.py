@@ -6,8 +6,10 @@
   ``head`` job (layerbank.app.probes.service) and answers 202 with the head; its
   ``state`` is its job's.
 - ``GET /v1/heads``, ``GET /v1/heads/{id}`` (with ``size_bytes``, the bytes
-  of its files, and ``storage``: what a full fine-tune, LoRA r=8 and BitFit
-  of the same encoder would store), ``DELETE /v1/heads/{id}``.
+  of its files, and ``storage``: the head's own size, ``frozen_head_bytes``
+  (its fitted arrays, layerbank.app.probes.advice.head_bytes: the figure the
+  probe's advice gives), beside what a full fine-tune, LoRA r=8 and BitFit of
+  the same encoder would store), ``DELETE /v1/heads/{id}``.
 - ``POST /v1/heads/{id}/predict`` ``{"texts": [...]}``: labels and class
   probabilities. Features come through the same path as ``POST
   /v1/features`` (cached rows; misses encoded once, micro-batched), so only
@@ -40,7 +42,7 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
 from layerbank.app.probes.head_names import describe
 from layerbank.app.probes.heads_store import HeadRecord
-from layerbank.app.probes.requests import ready_dataset
+from layerbank.app.probes.requests import cost_job, ready_dataset
 from layerbank.app.probes.service import ProbeService
 from layerbank.app.api.routes.features import (check_pooling, check_texts, compute_features, json_response,
                                                  require_json)
@@ -121,6 +123,10 @@ def _register(state: AppState, service: ProbeService, req: HeadCreate) -> HeadRe
         check_labels(labels, cv=1)
     except ProbeInputError as e:
         raise InvalidInput(f"dataset {ds.id}: {e}", field="dataset") from None
+    n_states = int(info["n_hidden_states"])
+    cost_job(state, "this head", rows=sum(label is not None for label in labels), n_states=n_states,
+             hidden=int(info["hidden_size"]), classes=len({label for label in labels if label is not None}),
+             views=[view])  # 413 over probe_memory_mb, before its record exists
     name = req.name or f"{head} on {view}, {pooling} pooling, {ds.name}"
     if any(ord(c) < 32 for c in name):
         raise InvalidInput("name: control characters are not allowed", field="name")
@@ -140,7 +146,10 @@ def head_out(state: AppState, service: ProbeService, rec: HeadRecord) -> dict[st
     info = state.store.catalog.model_info(rec.fingerprint) or {}
     storage = None
     if rec.n_bytes is not None and all(k in info for k in _MODEL_KEYS):
-        storage = storage_costs({k: info[k] for k in _MODEL_KEYS}, rec.n_bytes)
+        # the head's fitted arrays (advice.head_bytes, what the probe's advice estimated); a head
+        # saved before that was recorded: its files
+        storage = storage_costs({k: info[k] for k in _MODEL_KEYS},
+                                int(rec.meta.get("weight_bytes") or rec.n_bytes))
     meta = rec.meta
     st = job.state if job else "missing"
     damage = service.head_damage(rec.id) if st == "succeeded" and rec.n_bytes is not None else None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from layerbank.app.probes.advice import head_bytes
 from layerbank.app.probes.heads import load_head
 from layerbank.app.probes.sweep import fit_head, run_probe
 from layerbank.cache.keys import text_key
@@ -171,8 +172,10 @@ def test_head_fits_saves_without_pickle_and_predicts(api) -> None:  # type: igno
     assert on_disk == got["files"] and set(on_disk) == {"arrays.npz", "head.json"}
     assert got["size_bytes"] == sum(on_disk.values())
     assert got["state"] == "succeeded" and got["classes"] == ["neg", "pos"] and got["n_examples"] == 16
-    assert got["storage"]["frozen_head_bytes"] == got["size_bytes"]
-    assert got["storage"]["full_finetune_bytes"] > got["size_bytes"]
+    # the head's size is its fitted arrays (advice.head_bytes, what the advice estimates), not its files
+    saved = load_head(directory)
+    assert got["storage"]["frozen_head_bytes"] == head_bytes({a: getattr(saved, a) for a in saved._arrays})
+    assert got["storage"]["frozen_head_bytes"] < got["size_bytes"] < got["storage"]["full_finetune_bytes"]
     with np.load(directory / "arrays.npz", allow_pickle=False) as npz:  # raises if pickle were needed
         assert all(npz[k].dtype != object for k in npz.files)
     assert json.loads((directory / "head.json").read_text())["metadata"]["view"] == "layers:1,2"

@@ -7,16 +7,20 @@ import { bars, COLORS } from "./charts.js";
 function sizes(hd) {
   const st = hd.storage;
   if (!st) return h("p", { class: "muted" }, "Sizes appear once the head is fitted.");
+  // the head's fitted arrays (storage.frozen_head_bytes): the figure the probe's advice gives,
+  // on the basis of the others (the numbers kept, no file container)
+  const mine = st.frozen_head_bytes;
   const items = [
-    { label: "this head", value: hd.size_bytes },
+    { label: "this head", value: mine },
     { label: "LoRA r=8 (q, v)", value: st.lora_r8_bytes },
     { label: "BitFit", value: st.bitfit_bytes },
     { label: "full fine-tune", value: st.full_finetune_bytes },
   ].filter((x) => x.value);
   return h("figure", { id: "sizes" },
-    bars(items.map((x, i) => ({ ...x, text: `${fmt.bytes(x.value)}${i ? ` (${fmt.int(Math.round(x.value / hd.size_bytes))}x)` : ""}`,
+    bars(items.map((x, i) => ({ ...x, text: `${fmt.bytes(x.value)}${i ? ` (${fmt.int(Math.round(x.value / mine))}x)` : ""}`,
       color: COLORS[i] })), { title: "bytes stored per task (log scale)", log: true }),
-    h("figcaption", {}, "Bytes each option stores beside the shared encoder (log scale; the factor is against this head)."));
+    h("figcaption", {}, "Bytes of the numbers each option stores beside the shared encoder (log scale; the factor is " +
+      `against this head). Its files on disk, with their container and metadata: ${fmt.bytes(hd.size_bytes)}.`));
 }
 
 function predictForm(hd) {
@@ -31,13 +35,15 @@ function predictForm(hd) {
       const r = await api(`/v1/heads/${encodeURIComponent(hd.id)}/predict`, { method: "POST", json: { texts: [text.value] } });
       const d = r.data[0];
       out.replaceChildren(
-        h("p", {}, "Predicted label: ", h("strong", { id: "predicted-label" }, d.label),
+        h("p", {}, "Predicted label: ", h("strong", { id: "predicted-label" }, String(d.label)),
           ` (${d.cached ? "features from the cache" : `encoded now, ${r.usage.tokens_computed} tokens`})`),
         bars(r.classes.map((c, i) => ({ label: c, value: d.probabilities[i], text: d.probabilities[i].toFixed(3),
           color: c === d.label ? COLORS[0] : "#999" })), { title: "class probabilities", max: 1 }),
         h("table", { class: "data", id: "probabilities" }, h("caption", {}, "Class probabilities"),
-          h("tbody", {}, r.classes.map((c, i) => h("tr", { "data-class": c }, h("th", { scope: "row" }, c),
-            h("td", { class: "num" }, String(d.probabilities[i])))))));
+          // 3 digits, as every score in the lab; the exact value in data-value (and the tooltip)
+          h("tbody", {}, r.classes.map((c, i) => h("tr", { "data-class": String(c) }, h("th", { scope: "row" }, String(c)),
+            h("td", { class: "num", "data-value": String(d.probabilities[i]), title: String(d.probabilities[i]) },
+              fmt.num(d.probabilities[i])))))));
     } catch (err) { showError(out, err); }
   };
   return form;

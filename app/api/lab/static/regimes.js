@@ -21,7 +21,16 @@ function chart(result) {
     xLabel: one ? `bytes stored per task, log scale (${sizes[0]} training examples)` : "training examples", series,
     xTicks: one ? names.map((n) => ({ x: bx(n), label: fmt.bytes(last[n].bytes_per_task) })) : sizes.map((x) => ({ x, label: String(x) })) });
   return h("figure", { id: "regimes-chart" }, svg, legend(series),
-    h("figcaption", {}, `Whiskers and bands: ± one standard deviation over ${result.settings.seeds.length ?? result.settings.seeds} seed(s).`));
+    h("figcaption", {}, seedCount(result) === 1 ? `${NO_SPREAD}: no whiskers or bands; run more seeds to see the spread.`
+      : `Whiskers and bands: ± one standard deviation over ${seedCount(result)} seeds.`));
+}
+
+// the CLI's words (layerbank.app.probes.regimes_plot.NO_SPREAD)
+const NO_SPREAD = "1 seed: no spread";
+
+function seedCount(result) {
+  const seeds = (result.settings || {}).seeds;
+  return Array.isArray(seeds) ? seeds.length : Number(seeds);
 }
 
 export async function regimesPage(id) {
@@ -44,6 +53,8 @@ export async function regimesPage(id) {
   }
   const res = r.result;
   const rows = Object.entries(res.regimes).map(([name, v]) => ({ name, ...v }));
+  // one seed has no spread: say so, as the command line does, rather than "± 0.000"
+  const oneSeed = seedCount(res) === 1;
   after.append(
     section("Verdict", h("p", { id: "verdict" }, `Best: `, h("strong", {}, res.best),
       `. Within one standard deviation of it: ${(res.within_noise || []).join(", ")}. Cheapest of those: `,
@@ -51,7 +62,7 @@ export async function regimesPage(id) {
     section("Score", chart(res)),
     section("Every regime", sortableTable("Regimes (click a header to sort)", [
       { key: "name", label: "regime", value: (x) => x.name },
-      { key: "f1", label: "macro-F1", value: (x) => x.macro_f1_mean, cell: (x) => `${fmt.num(x.macro_f1_mean)} ± ${fmt.num(x.macro_f1_std)}`, numeric: true },
+      { key: "f1", label: "macro-F1", value: (x) => x.macro_f1_mean, cell: (x) => oneSeed ? `${fmt.num(x.macro_f1_mean)} (${NO_SPREAD})` : `${fmt.num(x.macro_f1_mean)} ± ${fmt.num(x.macro_f1_std)}`, numeric: true },
       { key: "acc", label: "accuracy", value: (x) => x.accuracy_mean, cell: (x) => fmt.num(x.accuracy_mean), numeric: true },
       { key: "share", label: "trainable share", value: (x) => x.trainable_share, cell: (x) => fmt.pct(x.trainable_share, 3), numeric: true },
       { key: "params", label: "trainable params", value: (x) => x.trainable_params, cell: (x) => fmt.int(x.trainable_params), numeric: true },

@@ -95,7 +95,9 @@ export function progressBar(job) {
   const p = (job && job.progress) || {};
   const total = p.total || 0, done = p.done || 0;
   const share = job && job.state === "succeeded" ? 1 : total ? done / total : 0;
-  const bits = [`${fmt.int(done)} / ${total ? fmt.int(total) : "?"}`];
+  // done / total only when the job counted something (an extraction of cached texts has nothing to
+  // encode: no "0 / ?" beside its 100%)
+  const bits = total ? [`${fmt.int(done)} / ${fmt.int(total)}`] : done ? [`${fmt.int(done)} done`] : [];
   if (p.stage) bits.push(p.stage);
   if (p.tokens_per_second) bits.push(`${fmt.int(Math.round(p.tokens_per_second))} tokens/s`);
   if (p.eta_seconds !== undefined && p.eta_seconds !== null && job.state === "running") bits.push(`ETA ${fmt.secs(p.eta_seconds)}`);
