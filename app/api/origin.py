@@ -38,8 +38,9 @@ import ipaddress
 import json
 from urllib.parse import urlsplit
 
-from layerbank.app.api.errors import body_for
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from layerbank.app.api.errors import body_for
 
 __all__ = ["OriginGuard", "allowed_host_names", "is_loopback_name"]
 

@@ -42,7 +42,8 @@ def test_langchain_openai_embeddings_as_documented(layerbank_server: ServerProce
     from langchain_openai import OpenAIEmbeddings
 
     texts, _ = sst_sentences(3, 1100)
-    emb = OpenAIEmbeddings(model=MODEL, base_url=layerbank_server.url + "/v1", api_key="unused",
+    # api_key as users write it (pydantic makes it a SecretStr; the stubs want one)
+    emb = OpenAIEmbeddings(model=MODEL, base_url=layerbank_server.url + "/v1", api_key="unused",  # type: ignore[arg-type]
                            check_embedding_ctx_length=False, max_retries=0)
     docs = np.array(emb.embed_documents(texts), dtype=np.float32)
     assert docs.shape == (3, 384)
@@ -66,7 +67,7 @@ def test_langchain_defaults_send_token_ids_and_get_a_422_that_names_the_fix(
     monkeypatch.setattr(tiktoken, "encoding_for_model", lambda name: enc)
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
     sent: list[Any] = []
-    emb = OpenAIEmbeddings(model=MODEL, base_url=layerbank_server.url + "/v1", api_key="unused",
+    emb = OpenAIEmbeddings(model=MODEL, base_url=layerbank_server.url + "/v1", api_key="unused",  # type: ignore[arg-type]
                            max_retries=0)  # the defaults: check_embedding_ctx_length=True
     original = emb.client.create
 
