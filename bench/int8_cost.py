@@ -122,7 +122,19 @@ def measure_accuracy(n_train: int) -> dict[str, object] | None:
         diffs = [r["int8_minus_float32_points"] for r in rows]
         result[name] = {"train": n, "test": len(test), "extract_seconds": round(extract_s, 1), "rows": rows,
                         "worst_drop_points": round(-min(diffs), 3), "mean_change_points": round(float(np.mean(diffs)), 3)}
+        _print_accuracy(name, result[name])  # as it comes: a loaded machine takes minutes per data set
     return result
+
+
+def _print_accuracy(name: str, r: dict[str, object]) -> None:
+    print(f"\n{name}: logistic probe, {r['train']} train / {r['test']} scored, accuracy")
+    print(f"{'pooling':7} {'layer':>5} {'float32':>8} {'float16':>8} {'int8':>8} {'int8-f32 pts':>12} {'changed':>8}")
+    for row in r["rows"]:  # type: ignore[attr-defined]
+        print(f"{row['pooling']:7} {row['layer']:>5} {row['float32']:>8.4f} {row['float16']:>8.4f} "
+              f"{row['int8']:>8.4f} {row['int8_minus_float32_points']:>12.2f} "
+              f"{row['predictions_changed_vs_float32']:>8}")
+    print(f"worst drop {r['worst_drop_points']} points, mean change {r['mean_change_points']} points "
+          f"(extraction {r['extract_seconds']} s)", flush=True)
 
 
 def main() -> None:
@@ -144,16 +156,6 @@ def main() -> None:
         acc = measure_accuracy(args.train)
         if acc is not None:
             out["accuracy"] = acc
-            for name, r in acc.items():
-                assert isinstance(r, dict)
-                print(f"\n{name}: logistic probe, {r['train']} train / {r['test']} scored, accuracy")
-                print(f"{'pooling':7} {'layer':>5} {'float32':>8} {'float16':>8} {'int8':>8} {'int8-f32 pts':>12} {'changed':>8}")
-                for row in r["rows"]:
-                    print(f"{row['pooling']:7} {row['layer']:>5} {row['float32']:>8.4f} {row['float16']:>8.4f} "
-                          f"{row['int8']:>8.4f} {row['int8_minus_float32_points']:>12.2f} "
-                          f"{row['predictions_changed_vs_float32']:>8}")
-                print(f"worst drop {r['worst_drop_points']} points, mean change {r['mean_change_points']} points "
-                      f"(extraction {r['extract_seconds']} s)")
     out["load_after"] = os.getloadavg()
     dest = ROOT / "bench" / "out"
     dest.mkdir(exist_ok=True)
