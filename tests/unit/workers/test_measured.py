@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def _again(tmp_path: Path) -> tuple[Any, Timer]:
 def test_a_stored_decision_is_enveloped_checksummed_and_reused(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     path = _store(tmp_path)
+    assert re.fullmatch(r"precision-[0-9a-f]{16}\.json", path.name)  # measured/<kind>-<hash>.json
     doc = json.loads(path.read_text())
     assert set(doc) == {"payload", "sha256"} and len(doc["sha256"]) == 64
     assert doc["payload"] == {"kind": "precision", "choice": "bf16", "ratio": 2.0,
