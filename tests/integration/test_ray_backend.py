@@ -39,9 +39,11 @@ from layerbank.workers.jobs_registry import ENCODE_PRIORITY
 from layerbank.workers.ray_backend import RayUnavailable, extract_with_ray
 from layerbank.workers.worker import Worker, WorkerOptions
 
+from tests.data_paths import SST2
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "dev.tsv"
+DATA = SST2 / "dev.tsv"
 
 
 def sst2_texts(n: int, seed: int) -> list[str]:
