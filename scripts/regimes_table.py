@@ -69,6 +69,10 @@ def _what(regime: str, layout: Any, k: int, n_bias: int, layout_params: list[tup
         return "nothing: a probe on the stored mean-pooled states"
     if regime == "bitfit":
         return f"every bias ({n_bias} tensors)" if n_bias else "nothing: the family has no bias terms (the head alone)"
+    if regime == "bitfit_query":
+        names = sorted({n.split(".", len(layout.layers.split(".")) + 1)[-1] for n in layout.query_modules})
+        return (f"the query biases ({', '.join(f'`{q}.bias`' for q in names)})" if names else
+                "nothing: no query bias of its own (fused Q/K/V; the head alone)")
     if regime == "lora":
         where = "the one shared layer" if shared else f"each of the {L} layers"
         return f"LoRA r = 8 on {', '.join(f'`{s}`' for s in suffixes)} in {where}"
