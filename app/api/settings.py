@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     max_queue_depth: int = Field(64, ge=1, description="extraction requests waiting at once")
     max_dataset_texts: int = Field(1_000_000, ge=1)
     probe_processes: int = Field(1, ge=1)
+    # what one probe, head or regimes job may hold (app/probes/memory_cost.py): a request whose
+    # estimate exceeds it is a 413, and each probe process runs under an address-space limit of
+    # this plus PROBE_PROCESS_OVERHEAD_MB (imports, allocator slack)
+    probe_memory_mb: int = Field(8192, ge=64, description="memory one probe, head or regimes job may "
+                                 "use; a request estimated over it is refused (413) and a probe "
+                                 "process that grows past it fails its job")
 
     # jobs
     backend: Literal["embedded", "ray"] = "embedded"

@@ -6,7 +6,8 @@ the routes, the jobs (app/probes/jobs.py) and the CLI share.
 with, and return the job payload. They raise the API's errors (layerbank.app.api.errors):
 404 unknown dataset, 409 (with ``job_id``) extraction not succeeded, 422
 anything a user can fix (labels, views, head, options of the other task).
-They read the catalog: call them from a thread.
+They read the catalog: call them from a thread. Both cost the job's memory
+(``cost_job``) and answer 413 over ``probe_memory_mb``, before anything is queued.
 
 Example::
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
     from layerbank.app.api.deps import AppState
 
 __all__ = ["DEFAULT_TRAIN_SIZES", "DEFAULT_VIEWS", "MODEL_KEYS", "JobInputError", "ProbeCreate",
-           "model_summary", "ready_dataset", "sentence_payload", "split_sentences", "token_payload"]
+           "cost_job", "model_summary", "ready_dataset",
+           "sentence_payload", "split_sentences", "token_payload"]
 
 MODEL_KEYS = ("name", "num_layers", "n_hidden_states", "hidden_size", "n_params", "n_bias_params")
 DEFAULT_VIEWS = ["each_layer", "concat_last_4", "sum_last_4", "mean_all", "scalar_mix"]
@@ -176,10 +178,26 @@ def sentence_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
     sizes = req.train_sizes or DEFAULT_TRAIN_SIZES
     if any(s < 2 for s in sizes):
         raise InvalidInput("train_sizes: each size must be at least 2", field="train_sizes")
+    cost_job(state, "this probe", rows=sum(label is not None for label in labels), n_states=n_states,
+             hidden=int(info["hidden_size"]), classes=len({label for label in labels if label is not None}),
+             views=expand_views(views, n_states))
     return {"task": "sentence_classification", "dataset_id": ds.id, "views": views,
             "poolings": list(dict.fromkeys(req.poolings)), "head": req.head, "cv": req.cv, "seed": req.seed,
             "control_task": req.control_task, "learning_curve": req.learning_curve, "train_sizes": sizes,
             "mdl": req.mdl}
+
+
+def cost_job(state: AppState, what: str, *, rows: int, n_states: int, hidden: int, classes: int,
+             views: list[str]) -> None:
+    """413 before anything is queued when the job's memory estimate exceeds the budget
+    (layerbank.app.probes.memory_cost; setting probe_memory_mb)."""
+    from layerbank.app.probes.memory_cost import check_memory, probe_bytes, view_widths
+
+    widths = view_widths(views, n_states, hidden)
+    need = probe_bytes(rows=rows, n_states=n_states, hidden=hidden, classes=classes, widths=widths)
+    widest = max(widths, default=hidden)
+    check_memory(need, state.settings, what, f"{rows} rows x {widest} features in its widest view x "
+                 f"{classes} classes")
 
 
 def _word_dataset(state: AppState, dataset_id: str, field: str) -> tuple[Dataset, dict[str, Any], Any]:
@@ -238,6 +256,10 @@ def token_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
             check_bio(tags)
         except TagSchemeError as e:
             raise _input_error(e, "span_f1") from None
+    n_states = int(info["n_hidden_states"])
+    cost_job(state, "this token probe", rows=sum(len(s) for s in tags), n_states=n_states,
+             hidden=int(info["hidden_size"]), classes=len({t for s in tags for t in s}),
+             views=[name for name, _ in expand_views(views, n_states)])
     return {"task": "token_classification", "train_id": train.id, "valid_id": valid_id,
             "valid_fraction": fraction, "views": views, "seed": req.seed,
             "control_task": req.control_task, "word_mode": req.word_mode, "span_f1": req.span_f1,

@@ -21,6 +21,14 @@ only tells the dispatcher that a slot is free.
 - A pool process that dies (killed, out of memory) breaks the pool: its jobs
   go back to the queue with the attempt counted (``max_attempts`` as for
   extraction) and a fresh pool is made for the next one.
+- Memory: each pool process runs under an address-space limit of
+  ``probe_memory_mb`` + ``PROBE_PROCESS_OVERHEAD_MB`` (RLIMIT_AS), so a job
+  that outgrows its budget fails with the reason (app/probes/jobs.py) instead
+  of taking the host's memory; requests are costed before they are queued
+  (app/probes/memory_cost.py).
+- Cancelling: a job cancelled while it computes (``DELETE``) is stopped by
+  its own process within about a second (app/probes/jobs.py ends the
+  process); the pool is made afresh for the next job.
 - Shutdown: running jobs are handed back to the queue (no attempt counted)
   and the pool's processes are terminated; the next start runs them again.
 
@@ -65,17 +73,38 @@ _CHILD_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS
 _LOADED_HEADS = 16
 
 
-def _init_child() -> None:
-    """Runs first in every pool process, before numpy is imported there."""
+# a probe process's own imports (numpy, scikit-learn, the catalog) and allocator slack, on top
+# of the job's budget: measured ~600 MB of address space before a job's first array
+PROBE_PROCESS_OVERHEAD_MB = 1536
+
+
+def _init_child(memory_limit_mb: int | None = None) -> None:
+    """Runs first in every pool process, before numpy is imported there.
+
+    ``memory_limit_mb``: the process's address space (RLIMIT_AS), so a job that
+    outgrows the budget gets a MemoryError (its job fails with the reason,
+    app/probes/jobs.py) instead of taking the host's memory. With one BLAS thread
+    (below), OpenBLAS reserves no per-thread buffers that the limit would break."""
     for var in _CHILD_THREAD_ENV:
         os.environ[var] = "1"
+    if memory_limit_mb:
+        import resource
+
+        limit = int(memory_limit_mb) * 2**20
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        os.environ["LAYERBANK_PROBE_MEMORY_LIMIT_MB"] = str(memory_limit_mb)  # for the job's message
 
 
 def _run(data_dir: str, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
          parent_pid: int) -> str:
     from layerbank.app.probes.jobs import run_job  # imported in the child, after _init_child
 
-    return run_job(data_dir, job_id, owner, lease_s, heartbeat_s, parent_pid)
+    # a cancelled job ends its process, but only a pool process (tests run jobs in threads)
+    in_child = multiprocessing.parent_process() is not None
+    return run_job(data_dir, job_id, owner, lease_s, heartbeat_s, parent_pid, exit_on_cancel=in_child)
 
 
 class ProbeService:
@@ -103,9 +132,10 @@ class ProbeService:
         self._loaded_lock = threading.Lock()  # loads run in threads
 
     def _process_pool(self) -> Executor:
+        limit = int(self.settings.probe_memory_mb) + PROBE_PROCESS_OVERHEAD_MB
         return ProcessPoolExecutor(max_workers=self.settings.probe_processes,
                                    mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_child)
+                                   initializer=_init_child, initargs=(limit,))
 
     # -- life cycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -205,7 +235,14 @@ class ProbeService:
         if self._running.pop(job_id, None) is None:
             return  # closed meanwhile
         exc = fut.exception() if not fut.cancelled() else None
-        if exc is not None:
+        job = self.queue.get(job_id) if exc is not None else None
+        if exc is not None and job is not None and job.state == "cancelled":
+            # app/probes/jobs.py ends the process of a job cancelled mid-computation
+            log.info("job %s cancelled; its probe process was stopped", job_id)
+            broken, self._executor = self._executor, None
+            if broken is not None:
+                broken.shutdown(wait=False, cancel_futures=True)
+        elif exc is not None:
             # run_job records every outcome itself: this is the process dying under it
             log.error("job %s: its probe process failed: %s: %s", job_id, type(exc).__name__, exc)
             if self.queue.release(job_id, self.owner, died=True):

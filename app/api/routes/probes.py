@@ -48,7 +48,7 @@ from layerbank.cache.jobs import Job
 
 __all__ = ["get_service", "probe_out", "router"]
 
-_ERRORS = error_responses(401, 404, 409, 415, 422, 429)
+_ERRORS = error_responses(401, 404, 409, 413, 415, 422, 429)
 _PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "a PNG image"}}
 
 
