@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from layerbank.app.blank import is_blank
 from layerbank.app.text_table import InputError, TextTable  # shared with layerbank.app.tables
 
 __all__ = ["InputError", "TextTable", "read_texts", "parse_texts", "FORMATS"]
@@ -140,8 +141,8 @@ def parse_texts(data: bytes, fmt: str, *, text_column: str | None = None,
             if len(cells) != len(columns):
                 raise InputError(f"line {i} has {len(cells)} fields, the header has {len(columns)}")
             rows.append((i, cells[tc], cells[lc] if lc is not None else None))
-    kept = [(i, t, lab) for i, t, lab in rows if t.strip()]
-    skipped = [i for i, t, _ in rows if not t.strip()]
+    kept = [(i, t, lab) for i, t, lab in rows if not is_blank(t)]  # zero-width only is blank too
+    skipped = [i for i, t, _ in rows if is_blank(t)]
     if not kept:
         raise InputError("no non-empty texts in the input")
     labels = [lab for _, _, lab in kept] if label_column is not None else None

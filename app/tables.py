@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from layerbank.app.blank import is_blank
 from layerbank.app.text_table import InputError, TextTable
 
 __all__ = ["is_table", "is_table_path", "read_table_path", "table_texts"]
@@ -126,7 +127,7 @@ def table_texts(obj: Any, *, text_column: str | None = None,
         if not isinstance(text, str):
             raise InputError(f"row {row}: column {tcol!r} holds {text!r} ({type(text).__name__}), "
                              "not a text")
-        (kept if text.strip() else skipped).append(row)
+        (skipped if is_blank(text) else kept).append(row)  # zero-width only is blank too
     if not kept:
         raise InputError(f"no non-empty texts in column {tcol!r}")
     return TextTable([texts[r - 1] for r in kept],

@@ -47,15 +47,23 @@ def check_labels(labels: Sequence[Any] | np.ndarray | None, cv: int) -> np.ndarr
                               "a probe needs at least 2 classes")
     small = [(c.item(), int(k)) for c, k in zip(classes, counts) if k < cv]
     if small:
+        # a few names and the count: 2,000 classes listed made a 48 KB message (issue 25)
         if len(small) == 1:
             (c, k), = small
             what = f"class {c!r} has {k} example{'' if k == 1 else 's'}, fewer than"
         else:
-            what = "classes " + ", ".join(f"{c!r} ({k})" for c, k in small) + " have fewer examples than"
-        all_counts = ", ".join(f"{c.item()!r}: {int(k)}" for c, k in zip(classes, counts))
+            what = (f"{len(small):,} of {len(classes):,} classes ("
+                    + _few([f"{c!r}: {k}" for c, k in small]) + ") have fewer examples than")
+        counts_text = _few([f"{c.item()!r}: {int(k)}" for c, k in zip(classes, counts)])
         raise ProbeInputError(f"{what} the {cv} cross-validation folds; each class needs at least {cv} "
-                              f"(label more, or lower cv). Class counts: {all_counts}")
+                              f"(label more, or lower cv). Class counts: {counts_text}")
     return y
+
+
+def _few(items: list[str], n: int = 5) -> str:
+    """The first ``n`` items, then how many more."""
+    shown = ", ".join(items[:n])
+    return shown if len(items) <= n else f"{shown} and {len(items) - n:,} more"
 
 
 def _parse(spec: str) -> View:

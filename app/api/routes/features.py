@@ -29,6 +29,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.deps import AppState, ModelRef, get_state
+from layerbank.app.blank import is_blank
 from layerbank.app.api.errors import ExtractionFailed, InvalidInput, TooLarge, UnsupportedMediaType
 from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
 from layerbank.app.api.served_models import ensure_model, find_model
@@ -76,9 +77,9 @@ def check_texts(texts: Sequence[str], state: AppState, field: str = "texts", *,
         if len(t) > s.max_chars_per_text:
             raise TooLarge(f"{field}.{i} has {len(t):,} characters; the limit is max_chars_per_text "
                            f"({s.max_chars_per_text:,})", limit="max_chars_per_text")
-        if not t.strip():
-            raise InvalidInput(f"{field}.{i} is empty; an empty text has no features",
-                               field=f"{field}.{i}")
+        if is_blank(t):  # whitespace or zero-width characters only (app/blank.py)
+            raise InvalidInput(f"{field}.{i} is empty (no visible character); an empty text has no "
+                               "features", field=f"{field}.{i}")
         try:
             t.encode("utf-8")
         except UnicodeEncodeError:

@@ -163,7 +163,7 @@ def test_multiclass_labels_work() -> None:
     (["a"] * 30, {}, r"all 30 labels are the same class 'a'; a probe needs at least 2 classes"),
     (["a"] * 27 + ["b"] * 3, {}, (r"class 'b' has 3 examples, fewer than the 5 cross-validation folds; "
                                   r"each class needs at least 5 .*Class counts: 'a': 27, 'b': 3")),
-    (["a"] * 26 + ["b", "c"] * 2, {}, r"classes 'b' \(2\), 'c' \(2\) have fewer examples than the 5"),
+    (["a"] * 26 + ["b", "c"] * 2, {}, r"2 of 3 classes \('b': 2, 'c': 2\) have fewer examples than the 5"),
     (["a", "b"] * 13 + [None, "a", "", "b"], {}, r"2 of 30 labels are missing .*first is at index 26"),
     (None, {}, r"labels are missing"),
     (["a", "b"] * 15, {"views": ["layer-3"]}, r"unknown view 'layer-3'; expected layer:K"),
