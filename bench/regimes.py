@@ -18,6 +18,15 @@ its gap to the in-domain test (docs/regimes.md).
 
     .venv/bin/python bench/regimes.py                   # the documented run
     .venv/bin/python bench/regimes.py --seeds 2 --epochs 100:2,500:1,2000:1
+    .venv/bin/python bench/regimes.py --curve           # the layer-cut curve (Lee et al.)
+
+``--curve``: the layer-cut curve on its own: ``top_k`` at every cut 0..6 and
+``full`` (no frozen probe, no shifted set unless asked), at one training size
+(``--sizes``, default 2000 then) and the seeds given; prints the points and
+the verdict (the fewest fine-tuned layers reaching 90% of full's macro-F1, to
+set against the paper's "a fourth of the final layers") and writes
+bench/out/layer_cut.png. ``--top-k`` / ``--xi`` take comma-separated cut
+points and rate factors for any run (the curve and the xi sweep).
 
 Settings chosen to stay near 30 minutes on two shared cores, and so smaller
 than a tuned study: at most 3 / 1 / 1 epochs for 100 / 500 / 2,000 sentences,
@@ -68,6 +77,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0, help="pool sampling and split seed")
+    ap.add_argument("--curve", action="store_true", help="the layer-cut curve: top_k at every cut and full")
+    ap.add_argument("--top-k", default=None, help="comma-separated cut points (default: every layer count)")
+    ap.add_argument("--xi", default=None, help="comma-separated per-layer rate factors (a sweep)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
     args = ap.parse_args()
 
@@ -77,7 +89,15 @@ def main() -> None:
     from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
 
     torch.set_num_threads(args.threads)
+    if args.curve:  # one size unless asked, the two regimes the curve needs, nothing shifted unless asked
+        args.regimes = args.regimes or "top_k,full"
+        if args.sizes == ap.get_default("sizes"):
+            args.sizes, args.epochs = "2000", "2000:1"
+        if args.shifted == ap.get_default("shifted"):
+            args.shifted = 0
     sizes = [int(s) for s in args.sizes.split(",")]
+    top_k = [int(k) for k in args.top_k.split(",")] if args.top_k else None
+    xi = [float(x) for x in args.xi.split(",")] if args.xi else None
     rows = [line.split("\t") for line in require_data(SST2).read_text(encoding="utf-8").splitlines()[1:]]
     pool = max(sizes) + args.spare + args.val + args.test
     rows = random.Random(args.seed).sample(rows, pool)
@@ -93,7 +113,7 @@ def main() -> None:
         if args.shifted else None
     regimes = tuple(args.regimes.split(",")) if args.regimes else None
     result = run_regimes(texts, labels, seeds=args.seeds or None, train_sizes=sizes, split_seed=args.seed,
-                         regimes=regimes, eval_sets=eval_sets,
+                         regimes=regimes, eval_sets=eval_sets, top_k=top_k, xi=xi,
                          test_size=args.test / pool, val_size=args.val / pool,
                          max_epochs=_epochs(args.epochs), batch_size=args.batch_size,
                          max_length=args.max_length, device="cpu", progress=progress)
@@ -112,6 +132,15 @@ def main() -> None:
     (out / "regimes.json").write_text(json.dumps(result, indent=1))
     (out / "regimes.png").write_bytes(regimes_plot_png(result))
     print(f"wrote {out / 'regimes.json'} and {out / 'regimes.png'}")
+    if result.get("layer_cut"):
+        from layerbank.app.probes.regimes_plot import layer_cut_png
+
+        (out / "layer_cut.png").write_bytes(layer_cut_png(result))
+        cut = result["layer_cut"]
+        fewest = cut.get("fewest_layers_at_90")
+        paper = "" if fewest is None else (f" ({fewest / cut['n_layers']:.0%} of the layers; Lee et al.: "
+                                           "a fourth of the final layers reach 90%)")
+        print(f"layer cut: {cut['verdict']}{paper}; wrote {out / 'layer_cut.png'}")
 
 
 if __name__ == "__main__":

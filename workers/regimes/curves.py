@@ -77,8 +77,9 @@ def layer_cut(table: Table, n_layers: int) -> dict[str, Any] | None:
                      "trainable_params": full["trainable_params"], "bytes_per_task": full["bytes_per_task"]},
                target=target)
     out["beats_full"] = [p["variant"] for p in points if p["macro_f1_mean"] > f_mean]
-    out["beats_full_beyond_noise"] = [p["variant"] for p in points
-                                      if p["macro_f1_mean"] - p["macro_f1_std"] > f_mean + f_std]
+    # one seed: every std is 0 by definition, so no gain can be called beyond the spread
+    out["beats_full_beyond_noise"] = [] if _one_seed(table) else [
+        p["variant"] for p in points if p["macro_f1_mean"] - p["macro_f1_std"] > f_mean + f_std]
     if reach:
         first = reach[0]
         out["fewest_layers_at_90"] = first["fine_tuned_layers"]
@@ -87,13 +88,15 @@ def layer_cut(table: Table, n_layers: int) -> dict[str, Any] | None:
                 f"{first['fine_tuned_layers'] / max(n_layers, 1):.0%} of the layers, "
                 f"{first['bytes_per_task']:,} bytes per task) reach {FRACTION:.0%} of full fine-tuning's "
                 f"macro-F1 ({first['macro_f1_mean']:.3f} >= {target:.3f}; full {f_mean:.3f})")
+        if first["fine_tuned_layers"] == 0:
+            text += " (the head alone on the frozen layers: fine-tuning adds less than 10% here)"
     else:
         text = (f"no cut reaches {FRACTION:.0%} of full fine-tuning's macro-F1 ({target:.3f}; full "
                 f"{f_mean:.3f})")
     if out["beats_full"]:
-        noise = ("; by more than the seeds' spread: " + ", ".join(out["beats_full_beyond_noise"])
+        noise = ("; with 1 seed there is no spread to judge it by" if _one_seed(table) else
+                 "; by more than the seeds' spread: " + ", ".join(out["beats_full_beyond_noise"])
                  if out["beats_full_beyond_noise"] else
-                 "; with 1 seed there is no spread to judge it by" if _one_seed(table) else
                  "; within the seeds' spread, so not a measured gain")
         text += f". Partial cuts beating full: {', '.join(out['beats_full'])}{noise}"
     out["verdict"] = text

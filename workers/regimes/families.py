@@ -2,7 +2,8 @@
 
 The regimes cut a model into its layers (``top_k`` freezes the bottom ones,
 ``gradual`` thaws them from the top), its embeddings, its biases (``bitfit``)
-and its attention query and value projections (``lora``'s targets). Those
+and its attention query and value projections (``lora``'s targets; the
+query ones' biases are ``bitfit_query``'s, ``Layout.query_modules``). Those
 live under different names in every family (BERT's
 ``encoder.layer.N.attention.self.query``, DistilBERT's
 ``transformer.layer.N.attention.q_lin``, MPNet's ``...attention.attn.q``,
@@ -326,4 +327,5 @@ def layout_summary(model: nn.Module) -> dict[str, Any]:
     layout = describe(model)
     return {"model_type": layout.model_type, "architecture": layout.architecture, "source": layout.source,
             "layers": layout.layers, "n_layers": layout.n_layers, "lora_targets": layout.lora_modules[:4],
+            "query_targets": layout.query_modules[:2],
             "unavailable": unavailable(layout, list(NEEDS))}

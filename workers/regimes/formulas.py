@@ -12,6 +12,8 @@ shared one, MPNet, DeBERTa-v2 with ``share_att_key``) is
 ``layer = 4(d^2 + d) + 2d + (dI + I) + (Id + d) + 2d`` (Q, K, V, output;
 LayerNorm; feed-forward in and out; LayerNorm) with ``4d + d + I + d + d``
 biases. What differs is around the layers (``FORMULAS[...]`` docstrings).
+``bitfit_query`` is L d everywhere a layer has its own query bias (ALBERT: its
+shared layers once; ModernBERT's fused Wqkv: none, 0).
 Counts exclude the pooler (never trained) and the classification head.
 ``None`` from ``formula`` means the family has no formula here: the count is
 then checked against the module tree (``trainable.tree_trainable``).

@@ -2,7 +2,8 @@
 
 Payload (built and checked by ``app/api/routes/regimes.py``)::
 
-    {"dataset_id": str, "regimes": [...], "seeds": int, "top_k": int | None,
+    {"dataset_id": str, "regimes": [...], "seeds": int, "top_k": int | [int] | None,
+     "xi": float | [float] | None,
      "train_sizes": [int] | None, "max_epochs": int, "patience": int, "split_seed": int}
 
 The handler reads the dataset's texts and labels from the catalog, takes the

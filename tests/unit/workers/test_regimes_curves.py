@@ -92,6 +92,8 @@ def test_the_90_percent_verdict_on_a_constructed_result() -> None:
     # 0.81 and 0.84 beat 0.80; only 0.84 - 0.005 > 0.80 + 0.01 is beyond the spread
     assert cut["beats_full"] == ["top_k:6", "top_k:3"] and cut["beats_full_beyond_noise"] == ["top_k:3"]
     assert "3 of 12 fine-tuned layers" in cut["verdict"] and "top_k:6, top_k:3" in cut["verdict"]
+    one = {k: {**v, "macro_f1_std": 0.0, "runs": [{}]} for k, v in table.items()}  # 1 seed: std 0, not a spread
+    assert layer_cut(one, 12)["beats_full_beyond_noise"] == [] and "1 seed" in layer_cut(one, 12)["verdict"]
     table["top_k:0"] = _row(0.70, 0.01, 0)
     assert layer_cut({k: v for k, v in table.items() if k in ("top_k:12", "top_k:0", "full")}, 12)[
         "fewest_layers_at_90"] is None
