@@ -1,8 +1,11 @@
-"""Shared pieces of the command line: flags with environment twins, and
-turning parsed flags into Settings.
+"""Shared pieces of the command line: flags with environment twins, turning
+parsed flags into Settings, and what more than one command does (read the
+input file, open the extractor, draw a progress bar).
 
 Every flag ``--some-flag`` has the twin ``LAYERBANK_SOME_FLAG``; flags that
-are Settings fields are validated by Settings itself.
+are Settings fields are validated by Settings itself. A command module imports
+its helpers from here (or cost.py, store_first.py, worker_process.py), never
+from another command (tests/unit/test_import_rules.py).
 """
 
 from __future__ import annotations
@@ -10,20 +13,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerbank.app.api.settings import Settings
 from layerbank.cache.keys import PRECISION_CHOICES
 from layerbank.cache.poolings import POOLING_NAMES
 
+if TYPE_CHECKING:
+    from layerbank.app.inputs import TextTable
+
 __all__ = [
     "URL_HINT",
+    "ProgressBar",
+    "add_backend_flags",
     "add_common_flags",
     "add_flag",
+    "add_input_flags",
     "add_poolings_flag",
     "add_progress_flag",
     "add_url_flag",
     "fail",
+    "load_table",
+    "open_extractor",
     "quiet_progress",
     "settings_from",
     "through_a_server",
@@ -147,3 +158,85 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def fail(message: str, code: int = 2) -> None:
     print(f"layerbank: error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """FILE and how to read it (``extract``, ``features``)."""
+    from layerbank.app.inputs import FORMATS
+
+    p.add_argument("file", help="a .txt, .jsonl, .csv, .tsv or .parquet file of texts, or a "
+                   "Hugging Face dataset directory (save_to_disk)")
+    add_flag(p, "--text-column", help="column (or JSON field) holding the text")
+    add_flag(p, "--format", choices=FORMATS, help="file format (default: from the suffix)")
+    add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row; "
+             "columns are then named 0, 1, ...")
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where dataset extraction runs (docs/operations.md): ``serve`` and ``worker``."""
+    add_flag(p, "--backend", choices=["embedded", "ray"],
+             help="run dataset extraction here (embedded) or on a Ray cluster (ray)")
+    add_flag(p, "--ray-address", help="Ray cluster address: auto, host:port, or local")
+    add_flag(p, "--ray-actors", help="encoder actors on Ray (one GPU each)")
+
+
+def load_table(args: argparse.Namespace, label_column: str | None = None) -> TextTable:
+    """``args.file`` read with the command's column and format flags; a bad file exits
+    with its one-line reason, and skipped empty texts are named on stderr."""
+    from layerbank.app.inputs import InputError, read_texts
+
+    try:
+        table = read_texts(args.file, text_column=args.text_column, label_column=label_column,
+                           header=not args.no_header, fmt=args.format)
+    except InputError as e:
+        fail(str(e))
+        raise
+    if table.skipped_empty:
+        shown = ", ".join(map(str, table.skipped_empty[:10]))
+        more = "" if len(table.skipped_empty) <= 10 else f" and {len(table.skipped_empty) - 10} more"
+        print(f"skipped {len(table.skipped_empty)} empty texts (lines {shown}{more})", file=sys.stderr)
+    return table
+
+
+def open_extractor(settings: Settings) -> Any:
+    """The in-process extractor (``probe``, ``regimes``): loads torch and the weights, or
+    exits with the reason (a held data directory names ``--url``)."""
+    from layerbank.workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
+
+    try:
+        return LocalExtractor.open(settings.data_dir, model=settings.model,
+                                   **settings.extraction_options(), threads=settings.threads)
+    except ModelLoadError as e:
+        fail(str(e))
+        raise
+    except RuntimeError as e:  # a server holds the data directory
+        fail(through_a_server(str(e), settings.data_dir))
+        raise
+
+
+class ProgressBar:
+    """A tqdm bar on stderr fed ``(done, total)``; tqdm shows the rate and the ETA."""
+
+    def __init__(self, enabled: bool, unit: str, desc: str | None = None) -> None:
+        self.enabled, self.unit, self.desc = enabled, unit, desc
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=self.unit, desc=self.desc, file=sys.stderr, dynamic_ncols=True)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def stage(self, text: str) -> None:
+        """Name what the bar is counting now (e.g. which regime and seed)."""
+        self.desc = text
+        if self.bar is not None:
+            self.bar.set_description(text, refresh=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -8,19 +8,18 @@ import time
 import uuid
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
+from layerbank.app.cli.common import (
+    add_common_flags,
+    add_flag,
+    add_input_flags,
+    add_poolings_flag,
+    fail,
+    load_table,
+    settings_from,
+)
 from layerbank.app.cli.store_first import StoreFirst, locate
-from layerbank.app.inputs import FORMATS, InputError, TextTable, read_texts
+from layerbank.app.inputs import TextTable
 from layerbank.workers.extract import ExtractSummary
-
-
-def add_input_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a .txt, .jsonl, .csv, .tsv or .parquet file of texts, or a "
-                   "Hugging Face dataset directory (save_to_disk)")
-    add_flag(p, "--text-column", help="column (or JSON field) holding the text")
-    add_flag(p, "--format", choices=FORMATS, help="file format (default: from the suffix)")
-    add_flag(p, "--no-header", action="store_true", help="the CSV/TSV file has no header row; "
-             "columns are then named 0, 1, ...")
 
 
 def register(sub: Any) -> None:
@@ -31,22 +30,7 @@ def register(sub: Any) -> None:
     add_flag(p, "--tokens", action="store_true", help="also store token-level states of every layer")
     add_flag(p, "--backend", choices=["embedded", "ray"], help="where the encoder runs")
     add_flag(p, "--ray-address", help="Ray cluster address, or 'local'")
-    add_flag(p, "--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
-
-
-def load_table(args: argparse.Namespace, label_column: str | None = None) -> TextTable:
-    try:
-        table = read_texts(args.file, text_column=args.text_column, label_column=label_column,
-                           header=not args.no_header, fmt=args.format)
-    except InputError as e:
-        fail(str(e))
-        raise
-    if table.skipped_empty:
-        shown = ", ".join(map(str, table.skipped_empty[:10]))
-        more = "" if len(table.skipped_empty) <= 10 else f" and {len(table.skipped_empty) - 10} more"
-        print(f"skipped {len(table.skipped_empty)} empty texts (lines {shown}{more})", file=sys.stderr)
-    return table
 
 
 def run(args: argparse.Namespace) -> int:

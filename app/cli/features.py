@@ -18,13 +18,14 @@ import numpy as np
 from layerbank.app.cli.common import (
     add_common_flags,
     add_flag,
+    add_input_flags,
     add_poolings_flag,
     add_url_flag,
     fail,
+    load_table,
     settings_from,
     through_a_server,
 )
-from layerbank.app.cli.extract import add_input_flags, load_table
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.feature_files import OutPathError, check_out_path, write_features
 from layerbank.cache.poolings import POOLING_NAMES

@@ -43,14 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from layerbank.app.cli.common import (
+    ProgressBar,
     add_common_flags,
     add_flag,
     add_url_flag,
     fail,
+    load_table,
+    open_extractor,
     settings_from,
-    through_a_server,
 )
-from layerbank.app.cli.extract import load_table
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.probes.head_names import PROBE_HEADS, describe
 from layerbank.cache.poolings import POOLING_NAMES
@@ -93,55 +94,12 @@ def register(sub: Any) -> None:
              "or the mean of its sub-tokens")
     add_flag(p, "--plot", help="directory to write the plots (PNG) into")
     add_flag(p, "--json", help="file to write the whole result into (JSON)")
-    add_flag(p, "--no-progress", action="store_true", help="no progress bars")
     add_url_flag(p)
     p.set_defaults(run=run)
 
 
 def _list(value: str | None, default: str) -> list[str]:
     return [v.strip() for v in (value or default).split(",") if v.strip()]
-
-
-def _open(settings: Any) -> Any:
-    from layerbank.workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
-
-    try:
-        return LocalExtractor.open(settings.data_dir, model=settings.model,
-                                   **settings.extraction_options(), threads=settings.threads)
-    except ModelLoadError as e:
-        fail(str(e))
-        raise
-    except RuntimeError as e:  # a server holds the data directory
-        fail(through_a_server(str(e), settings.data_dir))
-        raise
-
-
-class _Bar:
-    """A tqdm bar on stderr fed ``(done, total)``; tqdm shows the rate and the ETA."""
-
-    def __init__(self, enabled: bool, unit: str, desc: str | None = None) -> None:
-        self.enabled, self.unit, self.desc = enabled, unit, desc
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit=self.unit, desc=self.desc, file=sys.stderr, dynamic_ncols=True)
-        self.bar.n = done
-        self.bar.refresh()
-
-    def stage(self, text: str) -> None:
-        """Name what the bar is counting now (e.g. which regime and seed)."""
-        self.desc = text
-        if self.bar is not None:
-            self.bar.set_description(text, refresh=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,7 +139,7 @@ def _run_sentence(args: argparse.Namespace) -> int:
     if (stored := _stored_states(settings, table.texts, views, poolings)) is not None:
         # every text stored: torch and the weights stay unloaded (app/cli/store_first.py)
         return _probe_and_report(args, stored[0], table.labels, views, poolings, sizes, stored[1])
-    with _open(settings) as ex:
+    with open_extractor(settings) as ex:
         from layerbank.app.cli.cost import announce
 
         announce(ex, table.texts)  # a large file says what it will cost first
@@ -234,7 +192,7 @@ def _probe_and_report(args: argparse.Namespace, states: dict[str, Any], labels: 
     from layerbank.app.probes.sentence_probe import probe_sentences
     from layerbank.app.probes.sweep import ProbeInputError
 
-    bar = _Bar(not args.no_progress, "fit")
+    bar = ProgressBar(not args.no_progress, "fit")
     try:
         result = probe_sentences(states.__getitem__, labels, views=views, poolings=poolings,
                                  head=args.head, cv=args.cv, seed=args.seed,
@@ -296,8 +254,8 @@ def _sentence_table(r: dict[str, Any]) -> str:
     width = max(len("view"), *(len(x["view"]) for x in r["results"]))
     # selectivity on accuracy and on macro-F1 (the control is the same labels, shuffled);
     # compression: MDL, uniform / online codelength (1.0: nothing learnt)
-    lines = [f"{'view':<{width}}  pooling  accuracy        macro-F1  control  selectivity  sel. F1  "
-             "compression  fit s/fold"]
+    lines = [(f"{'view':<{width}}  pooling  accuracy        macro-F1  control  selectivity  sel. F1  "
+              "compression  fit s/fold")]
     for x in r["results"]:
         c = control.get(x["view"]) if x["pooling"] == control_pooling else None
         acc = f"{x['accuracy']['mean']:.3f} ± {x['accuracy']['std']:.3f}"
@@ -369,7 +327,7 @@ def _run_token(args: argparse.Namespace) -> int:
 
     # one bar tick per fit (a view's tagger, then its control head): on a large set each
     # takes a minute, and without it the command was silent for minutes
-    bar = _Bar(not args.no_progress, "fit", desc="token probe: fitting taggers")
+    bar = ProgressBar(not args.no_progress, "fit", desc="token probe: fitting taggers")
     try:
         # one BLAS thread, as run_probe does: small fits on shared cores only lose with more
         with threadpool_limits(limits=1):
@@ -399,7 +357,7 @@ def _encoded_word_states(args: argparse.Namespace, settings: Any, texts: list[st
     """Word states after extracting what the store lacks (the encoder loads)."""
     from layerbank.app.probes.word_features import word_states
 
-    with _open(settings) as ex:
+    with open_extractor(settings) as ex:
         from layerbank.app.cli.cost import announce, memory_line
 
         announce(ex, texts, want_tokens=True)  # a large set: texts, tokens, bytes on disk, time
@@ -436,8 +394,8 @@ def _token_table(r: dict[str, Any]) -> str:
     width = max(len("view"), *(len(x["view"]) for x in r["rows"]))
     # control and selectivity on the task's metric (entity F1, or macro-F1 for other tags);
     # compression: MDL of the tags (uniform / online codelength), then of the control tags
-    lines = [f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  compression  "
-             "fit s   converged"]
+    lines = [(f"{'view':<{width}}  F1     precision  recall  word acc  control  selectivity  compression  "
+              "fit s   converged")]
     for x in r["rows"]:
         control = x.get("control_f1", x.get("control_macro_f1"))
         mdl = x.get("mdl")

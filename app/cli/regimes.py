@@ -30,8 +30,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_flag, fail, settings_from
-from layerbank.app.cli.extract import load_table
+from layerbank.app.cli.common import (
+    ProgressBar,
+    add_common_flags,
+    add_flag,
+    fail,
+    load_table,
+    open_extractor,
+    settings_from,
+)
 
 __all__ = ["register", "run", "verdict"]
 
@@ -62,7 +69,6 @@ def register(sub: Any) -> None:
     add_flag(p, "--split-seed", type=int, default=0, help="seed of the train/validation/test split")
     add_flag(p, "--plot", help="directory to write regimes.png into")
     add_flag(p, "--json", help="file to write the whole result into (JSON)")
-    add_flag(p, "--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
 
 
@@ -123,8 +129,6 @@ def _args(args: argparse.Namespace) -> tuple[list[str], list[int] | None]:
 
 def _eval_sets(args: argparse.Namespace) -> dict[str, tuple[list[str], list[Any]]]:
     """``--eval NAME=FILE,...`` read with the main file's columns and format, checked before any work."""
-    from layerbank.app.cli.extract import load_table
-
     out: dict[str, tuple[list[str], list[Any]]] = {}
     for item in (args.eval_sets or "").split(","):
         if not item.strip():
@@ -153,14 +157,13 @@ def run(args: argparse.Namespace) -> int:
     if len(labels) != len(table.texts) or any(label is None or label == "" for label in labels):
         fail(f"{args.file}: some texts have no label in column {args.label_column!r}")
     eval_sets = _eval_sets(args)
-    from layerbank.app.cli.probe import _Bar, _open  # imports torch only when run
-    from layerbank.workers.regimes.run import run_regimes
+    from layerbank.workers.regimes.run import run_regimes  # imports torch only when run
     from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
     from layerbank.workers.regimes.resources import Cancelled
 
     run_id = "cli-" + uuid.uuid4().hex[:10]
-    bar = _Bar(not args.no_progress, "epoch")
-    with _open(settings) as ex:
+    bar = ProgressBar(not args.no_progress, "epoch")
+    with open_extractor(settings) as ex:
         from layerbank.app.cli.cost import announce
         from layerbank.workers.regimes.families import UnmappableModel, describe, require
 

@@ -30,8 +30,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, fail, settings_from
-from layerbank.app.cli.worker import add_backend_flags
+from layerbank.app.cli.common import (
+    add_backend_flags,
+    add_common_flags,
+    add_flag,
+    add_poolings_flag,
+    fail,
+    settings_from,
+)
 
 __all__ = ["is_loopback", "register", "run"]
 
@@ -169,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
     _few_malloc_arenas()
     import uvicorn
 
-    from layerbank.app.cli.worker import WorkerSupervisor
     from layerbank.app.api.main import create_app
+    from layerbank.app.cli.worker_process import WorkerSupervisor
     from layerbank.cache.lock import DataDirBusy, DataDirLock
     from layerbank.cache.store import FeatureStore
 

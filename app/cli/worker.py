@@ -1,10 +1,9 @@
-"""``layerbank worker``: the extraction worker process, and how ``serve`` runs it.
+"""``layerbank worker``: the extraction worker process.
 
-``layerbank serve`` starts ``python -P -m layerbank.app.cli.main worker --parent-pid <its pid>``
-with its settings in the ``LAYERBANK_*`` environment, and ``WorkerSupervisor``
-restarts it when it dies (1 s, doubling to 30 s between tries). Exit status
-``FATAL_EXIT`` (3) means the model cannot be loaded: restarting would not
-help, so ``serve`` stops with that message instead.
+``layerbank serve`` starts it and restarts it when it dies
+(``app/cli/worker_process.py``). Exit status ``FATAL_EXIT`` (3) means the model
+cannot be loaded: restarting would not help, so ``serve`` stops with that
+message instead.
 
 The worker exits when its parent dies (``PR_SET_PDEATHSIG`` on Linux, and a
 parent-pid check every heartbeat), stopping its job at the next batch and
@@ -14,24 +13,27 @@ handing it back to the queue.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-from layerbank.app.cli.common import add_common_flags, add_poolings_flag, add_flag, settings_from
 from layerbank.app.api.settings import Settings
+from layerbank.app.cli.common import (
+    add_backend_flags,
+    add_common_flags,
+    add_flag,
+    add_poolings_flag,
+    settings_from,
+)
+from layerbank.app.cli.worker_process import FATAL_EXIT, settings_env
 
-__all__ = ["FATAL_EXIT", "WorkerSupervisor", "register", "run", "served_models", "settings_env"]
+# settings_env: where tests and scripts have looked for it
+__all__ = ["FATAL_EXIT", "register", "run", "served_models", "settings_env"]
 
-log = logging.getLogger("layerbank.serve")  # the supervisor runs in serve
-FATAL_EXIT = 3
 _HARD_EXIT_S = 20.0  # a stop that takes longer than this (a stuck batch) ends the process
 
 
@@ -48,14 +50,6 @@ def register(sub: Any) -> None:
     add_flag(p, "--log-level", help="DEBUG, INFO, WARNING, ...")
     add_backend_flags(p)
     p.set_defaults(run=run)
-
-
-def add_backend_flags(p: argparse.ArgumentParser) -> None:
-    """Where dataset extraction runs (docs/operations.md); shared with ``serve``."""
-    add_flag(p, "--backend", choices=["embedded", "ray"],
-             help="run dataset extraction here (embedded) or on a Ray cluster (ray)")
-    add_flag(p, "--ray-address", help="Ray cluster address: auto, host:port, or local")
-    add_flag(p, "--ray-actors", help="encoder actors on Ray (one GPU each)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,84 +148,3 @@ def served_models(settings: Settings, encoder: Any, store: Any) -> Any:
     budget = (settings.model_memory_mb * 2**20 if settings.model_memory_mb
               else default_budget_bytes(encoder.device.type))
     return ModelPool(encoder, others, load=load, budget_bytes=budget, on_load=register)
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The process environment with ``settings`` as its ``LAYERBANK_*`` variables
-    (the API key stays out: the worker does not need it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
-    for name, value in settings.model_dump().items():
-        if value is None or name == "api_key":
-            continue
-        if isinstance(value, list):
-            value = ",".join(map(str, value))
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        env["LAYERBANK_" + name.upper()] = str(value)
-    return env
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (AttributeError, OSError):
-        pass  # not Linux: the worker's parent-pid check still ends it
-
-
-class WorkerSupervisor:
-    """Runs the worker process and restarts it when it dies."""
-
-    def __init__(self, settings: Settings, *, on_fatal: Callable[[int], None],
-                 on_restart: Callable[[int], None] = lambda n: None) -> None:
-        self.settings = settings
-        self.on_fatal = on_fatal
-        self.on_restart = on_restart
-        self.restarts = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="worker-supervisor", daemon=True)
-
-    def start(self) -> WorkerSupervisor:
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        # this thread forks the worker and must outlive it: PR_SET_PDEATHSIG
-        # fires when the forking *thread* exits
-        backoff = 1.0
-        # -P: the working directory is not put first on sys.path, so a folder named
-        # layerbank there (`--data-dir layerbank`, a clone's parent) cannot shadow the
-        # installed package; PYTHONPATH still applies. multiprocessing's spawned
-        # children inherit the flag (subprocess._args_from_interpreter_flags).
-        cmd = [sys.executable, "-P", "-m", "layerbank.app.cli.main", "worker",
-               "--parent-pid", str(os.getpid())]
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            self.proc = subprocess.Popen(cmd, env=settings_env(self.settings),
-                                         preexec_fn=_die_with_parent)
-            rc = self.proc.wait()
-            if self._stopping.is_set():
-                return
-            if rc == FATAL_EXIT:
-                self.on_fatal(rc)
-                return
-            if time.monotonic() - started > 60:
-                backoff = 1.0
-            self.restarts += 1
-            log.error("the worker exited with status %s; restarting it in %.0f s", rc, backoff)
-            self.on_restart(self.restarts)
-            self._stopping.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
-
-    def stop(self, timeout: float = 25.0) -> None:
-        self._stopping.set()
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._thread.join(timeout=5)
-

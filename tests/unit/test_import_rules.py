@@ -124,3 +124,23 @@ def test_only_the_command_line_and_the_in_process_bank_run_the_encoder() -> None
     found = [v for v in _violations("layerbank.app", ("layerbank.workers",))
              if not any(v.startswith(a + " ") or v.startswith(a + ".") for a in allowed)]
     assert found == []
+
+
+def _cli_commands() -> set[str]:
+    """The subcommand modules ``app/cli/main.py`` lists in ``COMMANDS`` (read from its AST)."""
+    tree = ast.parse(MODULES["layerbank.app.cli.main"].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMANDS" for t in node.targets):
+            return {f"layerbank.app.cli.{n}" for n in ast.literal_eval(node.value)}
+    raise AssertionError("app/cli/main.py has no COMMANDS list")
+
+
+def test_no_command_imports_another_command() -> None:
+    # what two commands share lives in app/cli/common.py (or another helper module there:
+    # cost, store_first, worker_process); only main.py, which registers them, imports commands
+    commands = _cli_commands()
+    assert {"layerbank.app.cli.probe", "layerbank.app.cli.serve", "layerbank.app.cli.worker"} <= commands
+    found = [f"{m} imports {t}" for m in sorted(MODULES)
+             if m.startswith("layerbank.app.cli.") and m != "layerbank.app.cli.main"
+             for t in map(_internal, GRAPH[m]) if t in commands and t != m]
+    assert found == []
