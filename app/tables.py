@@ -148,7 +148,12 @@ def read_table_path(path: str | os.PathLike[str], *, text_column: str | None = N
             raise InputError(f"{p} is a directory, not a file nor a dataset saved with save_to_disk")
         import datasets
 
-        obj: Any = datasets.load_from_disk(os.fspath(p))
+        try:  # a missing or garbage .arrow, a garbage state.json: one line, not a traceback
+            obj: Any = datasets.load_from_disk(os.fspath(p))
+        except Exception as e:  # noqa: BLE001  (datasets, pyarrow, json and OS errors alike)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise InputError(f"{p} is not a readable save_to_disk dataset ({type(e).__name__}: {why}); "
+                             "save it again") from None
     elif p.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 

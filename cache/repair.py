@@ -39,7 +39,8 @@ from .catalog import Catalog
 from .datasets import DatasetStore
 from .jobs import JobQueue
 
-__all__ = ["CatalogDamaged", "RepairReport", "check_catalog", "reindex_catalog", "repair_catalog"]
+__all__ = ["CatalogDamaged", "PostgresDirectory", "RepairReport", "check_catalog",
+           "refuse_postgres_directory", "reindex_catalog", "repair_catalog"]
 
 log = logging.getLogger("layerbank.repair")
 _INDEX_TABLES = {"shards", "entries"}  # rebuilt from the shard files, never copied
@@ -155,10 +156,33 @@ def _index_shard(cat: Catalog, path: Path) -> int:
     return len(keys)
 
 
+class PostgresDirectory(RuntimeError):
+    """A directory whose shards a PostgreSQL catalog indexes: no SQLite catalog is rebuilt there."""
+
+
+def refuse_postgres_directory(root: Path) -> None:
+    """Replicas share this directory through a PostgreSQL catalog (the store's marker): a
+    ``catalog.sqlite`` written here would be a second, partial index beside the running
+    replicas, and a store opened on it would delete their shards at its start-up clean-up."""
+    from .store import POSTGRES_MARKER
+
+    marker = root / POSTGRES_MARKER
+    if marker.exists():
+        try:
+            named = marker.read_text().strip()
+        except OSError:
+            named = ""
+        raise PostgresDirectory(
+            f"the shards in {root} are indexed by a PostgreSQL catalog ({named or 'see ' + str(marker)}); "
+            "repair that one with `layerbank repair --catalog-url postgresql://...` (stop every replica "
+            "first); no catalog.sqlite is written here, with or without --force")
+
+
 def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
     """Rebuild ``data_dir/catalog.sqlite``: key index from the shards, other tables salvaged."""
     root = Path(data_dir)
     path = root / "catalog.sqlite"
+    refuse_postgres_directory(root)
     report = RepairReport()
     schema: dict[str, str] = {}
     rows: dict[str, list[tuple]] = {}

@@ -13,7 +13,10 @@ it could not run.
 
 With a PostgreSQL catalog (``--catalog-url`` or ``LAYERBANK_CATALOG_URL``)
 there is no file to rebuild: the key index is made to match the shard files
-(``cache/repair.py`` ``reindex_catalog``). Stop every replica first.
+(``cache/repair.py`` ``reindex_catalog``). Stop every replica first. Without
+it, a directory marked as a PostgreSQL catalog's (``catalog.postgresql``,
+written by the replicas) is refused, naming ``--catalog-url``: no
+``catalog.sqlite`` is written beside running replicas, ``--force`` or not.
 """
 
 from __future__ import annotations
@@ -40,13 +43,18 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from layerbank.app.api.settings import Settings
     from layerbank.cache.lock import DataDirBusy, DataDirLock
-    from layerbank.cache.repair import check_catalog, repair_catalog
+    from layerbank.cache.repair import (PostgresDirectory, refuse_postgres_directory, check_catalog,
+                                        repair_catalog)
 
     settings = Settings()
     data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
     url = getattr(args, "catalog_url", None) or settings.catalog_url
     if url:
         return _reindex(data_dir, url)
+    try:  # a replicas' directory (its PostgreSQL marker): name --catalog-url, write nothing
+        refuse_postgres_directory(data_dir)
+    except PostgresDirectory as e:
+        fail(str(e))
     if not (data_dir / "shards").is_dir() and not (data_dir / "catalog.sqlite").exists():
         fail(f"{data_dir} is not a layerbank data directory (no catalog.sqlite, no shards/)")
     lock = DataDirLock(data_dir)
