@@ -5,12 +5,13 @@ test that reads them passes there and fails (or errors at collection) on
 every clone. Tests read tests/data/ (tests/data_paths.py) instead. This check
 reads every Python file under tests/ as source (AST), so words such as
 "shared server" or ``Bank.shared()`` and prose in docstrings and comments are
-not flagged; what is flagged is a path built to the folder:
+not flagged, nor is a folder of that name a test makes (``tmp_path /
+"shared"``); what is flagged is a path that climbs out of the repository to it:
 
-- ``"shared"`` as an operand of ``/`` (``ROOT.parent / "shared" / "data"``)
-  or as an argument of a call (``os.path.join(root, "..", "shared")``,
-  ``Path("shared")``);
-- a string, other than a docstring, holding a path into it
+- ``"shared"`` joined (``/``, ``os.path.join``, ``joinpath``) onto a path that
+  climbs: a ``.parent``, a ``.parents[i]`` or a ``".."`` before it
+  (``ROOT.parent / "shared" / "data"``, ``os.path.join(root, "..", "shared")``);
+- a string, other than a docstring, holding such a path
   (``"../shared/data/sst2/dev.tsv"``, ``"/work/shared/data"``).
 
 tests/data/cut.py is the one exception: it cuts tests/data from the full
@@ -26,7 +27,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 EXEMPT = {TESTS / "data" / "cut.py"}
 FOLDER = "shared"
-_INTO_SHARED = re.compile(rf"(^|/){FOLDER}/\S")
+_INTO_SHARED = re.compile(rf"(\.\./|/work/){FOLDER}/\S")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -40,6 +41,14 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
+def _climbs(node: ast.AST) -> bool:
+    """Whether the expression goes up a folder: ``.parent``, ``.parents[i]`` or ``".."``."""
+    return any((isinstance(n, ast.Attribute) and n.attr in ("parent", "parents"))
+               or (isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and (n.value == ".." or n.value.startswith("../") or n.value.endswith("/..")))
+               for n in ast.walk(node))
+
+
 def shared_paths(source: str) -> list[int]:
     """Line numbers where ``source`` builds a path to ``../shared``."""
     tree = ast.parse(source)
@@ -51,9 +60,12 @@ def shared_paths(source: str) -> list[int]:
 
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-            hits.update(n.lineno for n in (node.left, node.right) if is_shared(n))
+            if is_shared(node.right) and _climbs(node.left):
+                hits.add(node.right.lineno)
         elif isinstance(node, ast.Call):
-            hits.update(a.lineno for a in node.args if is_shared(a))
+            for i, a in enumerate(node.args):  # os.path.join(root, "..", "shared"), p.parent.joinpath("shared")
+                if is_shared(a) and (_climbs(node.func) or any(_climbs(b) for b in node.args[:i])):
+                    hits.add(a.lineno)
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
               and _INTO_SHARED.search(node.value)):
             hits.add(node.lineno)
@@ -66,6 +78,7 @@ def test_the_detector_flags_paths_to_shared_and_nothing_else() -> None:
         'p = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2" / "dev.tsv"',
         'p = os.path.join(ROOT, "..", "shared", "data")',
         'p = ROOT.parent.joinpath("shared", "data")',
+        'p = ROOT / ".." / "shared" / "data"',
         'open("../@/data/sst2/test.tsv")',
         'SST2 = Path("/work/@/data/sst2")',
         'x = f"{ROOT}/../@/data/{name}"',
@@ -80,6 +93,9 @@ def test_the_detector_flags_paths_to_shared_and_nothing_else() -> None:
         'texts = [f"t{i}", "shared"]; b.encode([*texts, "shared"])',
         'assert "../shared" not in command',
         'assert not (tmp_path / "shared-server").exists()',
+        'd = tmp_path / "shared"; (d / "shards").mkdir(parents=True)',
+        'p = os.path.join(tmp, "shared"); q = Path("shared")',
+        'x = f"{tmp_path}/@/shards"',
         'DATA = ROOT / "tests" / "data"',
     ]
     for code in (c.replace("@", FOLDER) for c in fine):
