@@ -13,6 +13,20 @@ Figures printed:
 4. 1,000 cached texts with ``all_layers``: base64 vs JSON response size and
    time (target: base64 >= 3x faster).
 
+With ``--floor`` it measures instead how near cached reads come to the
+framework's floor (issue 28): the same ``layerbank serve`` against a bare
+FastAPI + uvicorn app (same uvicorn loop and HTTP implementation, one
+worker, access log off) whose ``POST /v1/features`` and ``/v1/embeddings``
+return precomputed bytes of layerbank's own answers (same size), started in
+the same run. The client is light enough not to hide the server: forked
+processes, each with one keep-alive raw socket sending a prebuilt HTTP/1.1
+request and reading the reply by its Content-Length. It prints p50 / p99 and
+req/s at 1 and 16 clients for cached one-text ``/v1/features`` and
+``/v1/embeddings`` and the floor, rounds alternating, medians of
+``--rounds``, the ratios layerbank / floor, and the load average with every
+figure (targets: p50 <= 1.5x the floor at 1 client; req/s >= 2.5x issue 28's
+starting figure at 16).
+
 With ``--replicas 1,2`` it measures instead how cached reads scale over API
 replicas (issue 19): one real PostgreSQL server (Debian's binaries, as the
 tests start it), then for each N a fresh data directory and schema shared by N
@@ -33,6 +47,7 @@ Run from the repository root::
     .venv/bin/python bench/serve.py                 # ~2-4 minutes on 2 CPU cores
     .venv/bin/python bench/serve.py --threads 1 --quick
     .venv/bin/python bench/serve.py --replicas 1,2        # ~2 minutes; needs Debian's postgresql
+    .venv/bin/python bench/serve.py --floor               # ~2 minutes
 
 Texts are SST-2 dev phrases from ../shared/data (seeded), made unique per
 phase so that "miss" really means never stored.
@@ -169,6 +184,177 @@ def texts_pool(path: Path = DATA) -> list[str]:
     return rows
 
 
+# ---- --floor: cached reads against a bare FastAPI route (issue 28) ----
+
+_FLOOR_APP = """
+import sys, uvicorn
+from fastapi import FastAPI
+from fastapi.responses import Response
+features, embeddings = open(sys.argv[2], 'rb').read(), open(sys.argv[3], 'rb').read()
+app = FastAPI()
+
+@app.post('/v1/features')
+async def f() -> Response:
+    return Response(features, media_type='application/json')
+
+@app.post('/v1/embeddings')
+async def e() -> Response:
+    return Response(embeddings, media_type='application/json')
+
+# uvicorn's defaults, as `layerbank serve` runs it (loop and http 'auto': uvloop, httptools)
+uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[1]), access_log=False, log_level='warning')
+"""
+
+
+def _raw_request(path: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data))) + data
+
+
+def _client(port: int, req: bytes, seconds: float, threads: int, go: Any, out: Any) -> None:
+    """One forked client process: ``threads`` keep-alive sockets, requests back to back for
+    ``seconds`` after ``go``; sends (latencies of the measured window, count, errors) to ``out``."""
+    import socket
+
+    from serve_replicas import _read_response
+
+    lats: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[str] = []
+    socks = []
+    for _ in range(threads):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(req)
+        _read_response(s, b"")  # connected and answered once before the clock starts
+        socks.append(s)
+
+    def run(i: int) -> None:
+        sock, mine, buf = socks[i], lats[i], b""
+        clock = time.perf_counter
+        stop = start + seconds
+        try:
+            while (t0 := clock()) < stop:
+                sock.sendall(req)
+                status, body, buf = _read_response(sock, buf)
+                mine.append(clock() - t0)
+                if status != 200:
+                    errors.append(f"HTTP {status}: {body[:200]!r}")
+                    return
+        except Exception as e:  # noqa: BLE001  (reported to the parent)
+            errors.append(f"{type(e).__name__}: {e}")
+
+    go.wait()
+    start = time.perf_counter()
+    if threads == 1:
+        run(0)
+    else:
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    out.put(([x for xs in lats for x in xs], errors))
+
+
+def _drive_raw(port: int, req: bytes, clients: int, procs: int, seconds: float) -> dict[str, float]:
+    """``clients`` sockets over ``procs`` forked processes; p50, p99 (ms), req/s and the load."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    procs = min(procs, clients)
+    go, out = ctx.Event(), ctx.Queue()
+    per = [clients // procs + (i < clients % procs) for i in range(procs)]
+    ps = [ctx.Process(target=_client, args=(port, req, seconds, n, go, out)) for n in per]
+    for p in ps:
+        p.start()
+    time.sleep(0.3)  # every process connected and sent its first request
+    go.set()
+    got = [out.get(timeout=seconds + 60) for _ in ps]
+    for p in ps:
+        p.join()
+    lat = [x for xs, _ in got for x in xs]
+    errors = [e for _, es in got for e in es]
+    if errors:
+        raise SystemExit(f"client errors: {errors[:3]}")
+    return {"p50": pct(lat, 50) * 1e3, "p99": pct(lat, 99) * 1e3, "rps": len(lat) / seconds,
+            "load": os.getloadavg()[0]}
+
+
+def run_floor(args: argparse.Namespace) -> dict[str, float]:
+    """layerbank's cached one-text reads against the bare route, alternating rounds."""
+    import socket
+
+    hot = texts_pool(args.data)[0]
+    tmp = Path(tempfile.mkdtemp(prefix="layerbank-floor-"))
+    server = Server(tmp / "a", args.threads)
+    floor = None
+    try:
+        feats = {"texts": [hot]}
+        embs = {"input": [hot], "model": "all-MiniLM-L6-v2", "encoding_format": "float"}
+        answers = {}
+        for name, path, body in (("features", "/v1/features", feats), ("embeddings", "/v1/embeddings", embs)):
+            status, answers[name] = Conn(server.host, server.port).call("POST", path, body)
+            assert status == 200, answers[name][:300]
+            status, answers[name] = Conn(server.host, server.port).call("POST", path, body)  # cached now
+            (tmp / f"{name}.json").write_bytes(answers[name])
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            floor_port = s.getsockname()[1]
+        floor = subprocess.Popen([sys.executable, "-c", _FLOOR_APP, str(floor_port), str(tmp / "features.json"),
+                                  str(tmp / "embeddings.json")], cwd=ROOT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if Conn("127.0.0.1", floor_port).call("POST", "/v1/features", feats)[1] == answers["features"]:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the floor app did not start")
+            time.sleep(0.1)
+        print(f"answers: features {len(answers['features'])} B, embeddings {len(answers['embeddings'])} B; "
+              f"the floor returns the same bytes; {os.cpu_count()} CPUs; client: raw keep-alive sockets, "
+              f"16 clients over {args.client_procs} processes; {args.seconds:.1f} s windows, "
+              f"medians of {args.rounds} alternating rounds")
+        targets = {"layerbank features": (server.port, _raw_request("/v1/features", feats)),
+                   "layerbank embeddings": (server.port, _raw_request("/v1/embeddings", embs)),
+                   "floor features": (floor_port, _raw_request("/v1/features", feats)),
+                   "floor embeddings": (floor_port, _raw_request("/v1/embeddings", embs))}
+        got: dict[tuple[str, int], list[dict[str, float]]] = {}
+        for rnd in range(args.rounds):
+            order = list(targets) if rnd % 2 == 0 else list(reversed(targets))
+            for c in (1, 16):
+                for name in order:
+                    port, req = targets[name]
+                    got.setdefault((name, c), []).append(
+                        _drive_raw(port, req, c, 1 if c == 1 else args.client_procs, args.seconds))
+        res: dict[str, float] = {}
+        for c in (1, 16):
+            for name in targets:
+                runs = got[(name, c)]
+                m = {k: statistics.median(r[k] for r in runs) for k in ("p50", "p99", "rps")}
+                loads = [r["load"] for r in runs]
+                key = name.replace(" ", "_") + f"_c{c}"
+                res.update({f"{key}_p50_ms": m["p50"], f"{key}_p99_ms": m["p99"], f"{key}_rps": m["rps"]})
+                print(f"{name:21s} {c:2d} client{'s' if c > 1 else ' '}: p50 {m['p50']:6.3f} ms  "
+                      f"p99 {m['p99']:6.3f} ms  {m['rps']:8.0f} req/s   (load {min(loads):.1f}-{max(loads):.1f})")
+            for what in ("features", "embeddings"):
+                lb, fl = f"layerbank_{what}_c{c}", f"floor_{what}_c{c}"
+                res[f"ratio_{what}_c{c}_p50"] = res[f"{lb}_p50_ms"] / res[f"{fl}_p50_ms"]
+                res[f"ratio_{what}_c{c}_rps"] = res[f"{lb}_rps"] / res[f"{fl}_rps"]
+                print(f"  {what}, {c} client(s): layerbank / floor p50 {res[f'ratio_{what}_c{c}_p50']:.2f}x "
+                      f"{'(target <= 1.5x) ' if c == 1 else ''}req/s {res[f'ratio_{what}_c{c}_rps']:.2f}x")
+        res["load_end"] = os.getloadavg()[0]
+        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        return res
+    finally:
+        server.stop()
+        if floor is not None:
+            floor.terminate()
+            floor.wait(30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the worker")
@@ -181,7 +367,17 @@ def main() -> None:
     ap.add_argument("--per-replica", type=int, default=8, help="connections per replica (--replicas)")
     ap.add_argument("--window", type=float, default=3.0, help="seconds per measured window (--replicas)")
     ap.add_argument("--rounds", type=int, default=5, help="measured windows per N, best counts (--replicas)")
+    ap.add_argument("--floor", action="store_true",
+                    help="instead of the phases above: cached reads against a bare FastAPI route")
+    ap.add_argument("--client-procs", type=int, default=16,
+                    help="processes the 16 clients are spread over (--floor)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds per measured window (--floor)")
     args = ap.parse_args()
+    if args.floor:
+        args.rounds = args.rounds if args.rounds != 5 else 3
+        res = run_floor(args)
+        print("\nsummary: " + json.dumps({k: round(v, 4) for k, v in res.items()}))
+        return
     if args.replicas:
         from serve_replicas import run_replicas
 

@@ -6,8 +6,8 @@ process runs. It never imports torch: ``layerbank serve`` starts the worker
 as a separate process (app/cli/serve.py).
 
 Request path through the middleware, outermost first: request timer
-(metrics) -> Host/Origin (keyless servers only, app/api/origin.py) -> API key ->
-body size limit -> routes. Errors from any layer come
+(metrics) -> lab pages -> Host/Origin (keyless servers only, app/api/origin.py) -> API key ->
+body size limit -> cached reads answered from memory (app/api/fast_reads.py) -> routes. Errors from any layer come
 out in one shape (app/api/errors.py).
 
 Example::
@@ -32,6 +32,7 @@ from layerbank.app.api.batcher import Batcher
 from layerbank.app.api.catalog_health import install_catalog_handlers, watch_catalog
 from layerbank.app.api.deps import ApiKeyGuard, AppState, BodyLimitGuard
 from layerbank.app.api.errors import install_error_handlers
+from layerbank.app.api.fast_reads import CachedReads
 from layerbank.app.api.lab import LabPages
 from layerbank.app.api.metrics import Metrics, RequestTimer
 from layerbank.app.api.origin import OriginGuard, allowed_host_names
@@ -85,6 +86,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(r)
     _openapi_with_limits(app, settings)
     # added innermost first: the timer sees every request, 401s and 413s included
+    answers = {"/v1/features": features.cached_answer, "/v1/embeddings": embeddings.cached_answer}
+    app.add_middleware(CachedReads, answers=answers,
+                       routes={r.path: r for r in (*features.router.routes, *embeddings.router.routes)
+                               if getattr(r, "path", None) in answers})
     app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
     if not settings.api_key:  # with a key, a browser can't act for the user anyway

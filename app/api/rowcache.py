@@ -11,6 +11,12 @@ first when ``max_bytes`` is reached.
 the event loop); ``read`` falls back to the store for the rest (run it in a
 thread).
 
+``try_fragments`` serves the hot path of cached one-text reads (issue 28): a
+row's answer for one view, pooling and encoding (its JSON text, or base64)
+is kept beside the row as ready bytes, made once by the same code as the slow
+path's, so a repeated read formats no floats. The fragments count towards
+``max_bytes`` and leave with their row.
+
 Example::
 
     cache = RowCache(64 << 20, dtype="float16")
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -40,7 +46,8 @@ class RowCache:
         self.dtype = np.dtype(dtype)
         self.bytes = 0
         self.hits = 0
-        self._rows: OrderedDict[tuple[str, str], tuple[np.ndarray, Entry]] = OrderedDict()
+        # (key, pooling) -> (row, entry, {variant: ready answer bytes of this row})
+        self._rows: OrderedDict[tuple[str, str], tuple[np.ndarray, Entry, dict[Hashable, bytes]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -54,7 +61,7 @@ class RowCache:
                 hit = self._rows.get((k, pooling))
                 if hit is not None:
                     self._rows.move_to_end((k, pooling))
-                    rows[i], entries[i] = hit
+                    rows[i], entries[i] = hit[0], hit[1]
         return rows, entries
 
     def _put(self, key: str, pooling: str, row: np.ndarray, entry: Entry) -> None:
@@ -64,11 +71,14 @@ class RowCache:
         with self._lock:
             if (key, pooling) in self._rows:
                 return
-            self._rows[(key, pooling)] = (row, entry)
+            self._rows[(key, pooling)] = (row, entry, {})
             self.bytes += row.nbytes
-            while self.bytes > self.max_bytes and self._rows:
-                old, _ = self._rows.popitem(last=False)[1]
-                self.bytes -= old.nbytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.bytes > self.max_bytes and self._rows:
+            old, _, frags = self._rows.popitem(last=False)[1]
+            self.bytes -= old.nbytes + sum(len(f) for f in frags.values())
 
     @staticmethod
     def _result(rows: list[np.ndarray | None], entries: list[Entry | None], view: View,
@@ -90,6 +100,34 @@ class RowCache:
             return None
         self.hits += len(keys)
         return self._result(rows, entries, view, n_states)
+
+    def try_fragments(self, keys: Sequence[str], view: View, pooling: str, n_states: int, variant: Hashable,
+                      render: Callable[[np.ndarray], list[bytes]]) -> tuple[list[bytes], list[Entry]] | None:
+        """Each key's ready answer bytes for ``variant`` (what, besides view and pooling, decides
+        them), or None unless every key is in memory. Rows without them yet get them from
+        ``render`` (the view's float32 rows -> one fragment per row), and keep them."""
+        hits = []
+        with self._lock:
+            for k in keys:
+                hit = self._rows.get((k, pooling))
+                if hit is None:
+                    return None
+                self._rows.move_to_end((k, pooling))
+                hits.append(hit)
+        self.hits += len(keys)
+        frags = [h[2].get(variant) for h in hits]
+        todo = [i for i, f in enumerate(frags) if f is None]
+        if todo:
+            res = self._result([hits[i][0] for i in todo], [hits[i][1] for i in todo], view, n_states)
+            made = render(res.data)
+            with self._lock:
+                for i, f in zip(todo, made):
+                    frags[i] = f
+                    if variant not in hits[i][2] and (keys[i], pooling) in self._rows:
+                        hits[i][2][variant] = f
+                        self.bytes += len(f)
+                self._evict()
+        return frags, [h[1] for h in hits]  # type: ignore[return-value]
 
     def warm(self, store: FeatureStore, keys: Sequence[str], pooling: str) -> None:
         """Read the keys not in memory yet, in one store read, and keep them."""

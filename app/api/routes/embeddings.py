@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -44,14 +45,17 @@ from layerbank.app.api.routes.features import (
     check_texts,
     compute_features,
     encode_rows,
+    check_pooling,
     json_response,
     require_json,
     resolve_request,
+    row_fragments,
 )
 from layerbank.app.api.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIErrorResponse
 from layerbank.app.api.served_models import ensure_model, find_model
+from layerbank.cache.keys import text_key
 
-__all__ = ["router"]
+__all__ = ["cached_answer", "router"]
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -88,6 +92,41 @@ async def embeddings(req: EmbeddingsRequest, state: AppState = Depends(get_state
         "model": r.model.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })
+
+
+def cached_answer(state: AppState, body: bytes) -> bytes | None:
+    """The answer to an ``/v1/embeddings`` body whose every text is in memory, or None
+    (app/api/fast_reads.py): the route's checks in its order, its bytes; anything else
+    is None and the route answers it."""
+    try:
+        req = EmbeddingsRequest.model_validate(json.loads(body))
+        texts = [req.input] if isinstance(req.input, str) else list(req.input)
+        if not texts or req.view == "all_layers":
+            return None
+        check_texts(texts, state, field="input")
+        how = choose(find_model(state, req.model).info, state.settings, view=req.view,
+                     pooling=req.pooling, normalize=req.normalize)
+        m, parsed = resolve_request(state, how.view, req.model, req.precision)
+        dim = parsed.output_dim(m.n_hidden_states, m.hidden_size)
+        if (req.dimensions is not None and req.dimensions != dim) or len(texts) * dim > 200_000:
+            return None
+        pooling = check_pooling(state, how.pooling)
+    except Exception:  # noqa: BLE001  (the route gives the error its shape)
+        return None
+    fmt = "base64" if req.encoding_format == "base64" else "json"
+    keys = [text_key(m.fingerprint, m.config, t) for t in texts]
+    got = state.rows.try_fragments(
+        keys, parsed, pooling, m.n_hidden_states, ("embeddings", parsed.spec, fmt, how.normalize),
+        lambda data: row_fragments(_unit_rows(data) if how.normalize else data, fmt, "float32"))
+    if got is None:
+        return None
+    rows, entries = got
+    state.metrics.cache_hits.inc(len(keys))
+    tokens = int(sum(e.n_tokens for e in entries))
+    # json.dumps of the route's answer, key for key (tests/unit/app/test_fast_reads.py)
+    items = b",".join(b'{"object":"embedding","index":%d,"embedding":%b}' % (i, e) for i, e in enumerate(rows))
+    return (b'{"object":"list","data":[' + items + b'],"model":' + json.dumps(m.name).encode()
+            + b',"usage":{"prompt_tokens":%d,"total_tokens":%d}}' % (tokens, tokens))
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:

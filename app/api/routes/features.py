@@ -40,6 +40,7 @@ from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
 __all__ = [
     "ERROR_RESPONSES",
     "FeatureResult",
+    "cached_answer",
     "check_pooling",
     "check_texts",
     "compute_features",
@@ -47,6 +48,7 @@ __all__ = [
     "json_response",
     "require_json",
     "router",
+    "row_fragments",
 ]
 
 ERROR_RESPONSES = error_responses(401, 413, 415, 422, 429, 500, 503, 504)
@@ -228,19 +230,82 @@ def json_response(body: dict[str, Any], status: int = 200) -> Response:
                     media_type="application/json")
 
 
+def _dumps(x: Any) -> bytes:
+    return json.dumps(x, separators=(",", ":")).encode()
+
+
+def row_fragments(data: np.ndarray, fmt: str, dtype: str) -> list[bytes]:
+    """Each row's ``embedding`` as it appears in the answer's JSON (the same text
+    ``json.dumps`` gives it inside the whole body)."""
+    if fmt == "base64":
+        return [b'"' + e.encode("ascii") + b'"' for e in encode_rows(data, fmt, dtype)]
+    return [_dumps(row) for row in data.tolist()]
+
+
+def _bool(x: Any) -> bytes:
+    return b"true" if x else b"false"
+
+
+def features_body(m: ModelRef, view: View, pooling: str, shape: list[int], fmt: str, dtype: str,
+                  rows: Sequence[bytes], cached: Sequence[bool], n_tokens: Sequence[int],
+                  truncated: Sequence[bool], tokens_computed: int) -> bytes:
+    """The answer's bytes from its rows' fragments: byte for byte what ``json.dumps`` of the
+    whole answer gives (tests/unit/app/test_fast_reads.py), without formatting a float."""
+    head = _dumps({"model": m.name, "precision": m.precision, "view": view.spec, "pooling": pooling,
+                   "dim": shape[-1], "shape": shape, "format": fmt,
+                   "dtype": dtype if fmt == "base64" else "float32"})
+    items = b",".join(b'{"index":%d,"embedding":%b,"cached":%b,"n_tokens":%d,"truncated":%b}'
+                      % (i, e, _bool(c), int(t), _bool(tr))
+                      for i, (e, c, t, tr) in enumerate(zip(rows, cached, n_tokens, truncated)))
+    usage = _dumps({"texts": len(rows), "cache_hits": int(sum(bool(c) for c in cached)),
+                    "tokens_computed": tokens_computed})
+    return head[:-1] + b',"data":[' + items + b'],"usage":' + usage + b"}"
+
+
 def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
-    rows = encode_rows(r.data, fmt, dtype)
-    shape = list(r.data.shape[1:])
-    usage = {"texts": len(rows), "cache_hits": int(r.cached.sum()),
-             "tokens_computed": r.tokens_computed}
-    body = {"model": r.model.name, "precision": r.model.precision, "view": r.view.spec,
-            "pooling": r.pooling, "dim": shape[-1], "shape": shape, "format": fmt,
-            "dtype": dtype if fmt == "base64" else "float32",
-            "data": [{"index": i, "embedding": e, "cached": bool(c), "n_tokens": int(t),
-                      "truncated": bool(tr)}
-                     for i, (e, c, t, tr) in enumerate(zip(rows, r.cached, r.n_tokens, r.truncated))],
-            "usage": usage}
-    return json.dumps(body, separators=(",", ":")).encode()
+    return features_body(r.model, r.view, r.pooling, list(r.data.shape[1:]), fmt, dtype,
+                         row_fragments(r.data, fmt, dtype), r.cached.tolist(), r.n_tokens, r.truncated,
+                         r.tokens_computed)
+
+
+def answer_dtype(m: ModelRef, view: View, requested: str | None) -> str:
+    """A plain copy of float16 rows is answered in float16; int8 rows are dequantised (float32)."""
+    stored = m.storage_dtype if m.storage_dtype != "int8" else "float32"
+    return requested or (stored if plain_copy(view) else "float32")
+
+
+def cached_answer(state: AppState, body: bytes) -> bytes | None:
+    """The answer to a ``/v1/features`` body whose every text is in memory, or None.
+
+    The fast path of app/api/fast_reads.py: the same checks as the route, in the same
+    order, and the same bytes; anything else (a miss, a bad request, a model to load,
+    a big answer) is None, and the route answers it as always.
+    """
+    try:
+        req = FeaturesRequest.model_validate(json.loads(body))
+        check_texts(req.texts, state)
+        m, view = resolve_request(state, req.view, req.model, req.precision)
+        pooling = check_pooling(state, req.pooling)
+    except Exception:  # noqa: BLE001  (the route gives the error its shape)
+        return None
+    h = m.n_hidden_states
+    shape = [len(view.needed_layers(h)), m.hidden_size] if view.kind == "all" else \
+        [view.output_dim(h, m.hidden_size)]
+    if len(req.texts) * int(np.prod(shape)) > _BIG:
+        return None
+    fmt, dtype = req.format, answer_dtype(m, view, req.dtype)
+    keys = [text_key(m.fingerprint, m.config, t) for t in req.texts]
+    got = state.rows.try_fragments(keys, view, pooling, h, ("features", view.spec, fmt, dtype),
+                                   lambda data: row_fragments(data, fmt, dtype))
+    if got is None:
+        return None
+    rows, entries = got
+    state.metrics.cache_hits.inc(len(keys))
+    return features_body(m, view, pooling, shape, fmt, dtype, rows, [True] * len(keys),
+                         [e.n_tokens for e in entries], [e.truncated for e in entries], 0)
+
+
+_BIG = 200_000  # numbers in an answer encoded off the event loop
 
 
 @router.post("/features", response_model=FeaturesResponse, responses=ERROR_RESPONSES,
@@ -249,10 +314,8 @@ def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
 async def features(req: FeaturesRequest, state: AppState = Depends(get_state)) -> Response:
     check_texts(req.texts, state)
     r = await compute_features(state, req.texts, req.view, req.pooling, req.model, req.precision)
-    # a plain copy of float16 rows is answered in float16; int8 rows are dequantised (float32)
-    stored = r.model.storage_dtype if r.model.storage_dtype != "int8" else "float32"
-    dtype = req.dtype or (stored if plain_copy(r.view) else "float32")
-    if r.data.size > 200_000:  # big answers are encoded off the event loop
+    dtype = answer_dtype(r.model, r.view, req.dtype)
+    if r.data.size > _BIG:  # big answers are encoded off the event loop
         body = await run_in_threadpool(_body, r, req.format, dtype)
     else:
         body = _body(r, req.format, dtype)
