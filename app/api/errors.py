@@ -29,8 +29,9 @@ malformed JSON) -> 422; Starlette's ``HTTPException`` (unknown route 404,
 ``STATUS_TYPES``; ``layerbank.cache.errors.InputError`` (every domain input
 error: ``ViewError``, ``ProbeInputError``, ``WordSetError``, ...) -> 422 on the
 field it names, so domain code raises where it finds the problem and routes do
-not re-raise; anything else -> 500 ``internal`` (logged with its traceback,
-never shown).
+not re-raise; Starlette's ``ClientDisconnect`` (the client went away before
+its body was read) -> one INFO line; anything else -> 500 ``internal`` (logged
+with its traceback, never shown).
 
 A failed job's answer comes from its stored failure type, never its message:
 ``job_failure(error, error_type)`` ("storage" -> 507, "input" -> 422,
@@ -60,6 +61,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from layerbank.cache.errors import InputError
@@ -287,6 +289,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if status == 400 and detail == "There was an error parsing the body":
         # FastAPI's words for a JSON body that json.loads could not take; say why
         cause = exc.__cause__
+        if isinstance(cause, ClientDisconnect):  # the client went away while its body was read
+            return await _client_gone(request, cause)
         if isinstance(cause, UnicodeDecodeError):
             why = f"it is not UTF-8 (byte {cause.start + 1} cannot be decoded)"
         elif isinstance(cause, RecursionError):
@@ -326,6 +330,15 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+async def _client_gone(request: Request, exc: Exception) -> JSONResponse:
+    # the client went away before its request was read (closed, or cut as too slow by
+    # app/api/slow_clients.py): nobody reads the answer; one INFO line, not a traceback
+    client = request.client
+    who = f"{client.host}:{client.port}" if client else "a client"
+    log.info("%s disconnected before %s %s was read", who, request.method, request.url.path)
+    return _respond(request, 400, "the client disconnected before the request was read", "bad_request")
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return _respond(request, 500, "internal error; the server log has the details", "internal")
@@ -337,4 +350,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(InputError, _input_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)

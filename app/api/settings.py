@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     max_chars_per_text: int = Field(100_000, ge=1)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_queue_depth: int = Field(64, ge=1, description="extraction requests waiting at once")
+    # slow clients (app/api/slow_clients.py): a request's headers, then its body, must arrive
+    # within these, or the connection is closed; an idle kept-alive connection closes after keep_alive_s
+    header_timeout_s: float = Field(10.0, ge=0, description="seconds for a request's headers "
+                                    "(0: no limit)")
+    body_timeout_s: float = Field(60.0, ge=0, description="seconds for a request's whole body "
+                                  "(0: no limit)")
+    keep_alive_s: float = Field(5.0, ge=1, description="an idle kept-alive connection closes after this")
     max_dataset_texts: int = Field(1_000_000, ge=1)
     probe_processes: int = Field(1, ge=1)
     # what one probe, head or regimes job may hold (app/probes/memory_cost.py): a request whose

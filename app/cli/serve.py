@@ -175,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     _few_malloc_arenas()
     import uvicorn
 
+    from layerbank.app.api.slow_clients import server_config
+
     from layerbank.app.api.main import create_app
     from layerbank.app.cli.worker_process import WorkerSupervisor
     from layerbank.cache.lock import DataDirBusy, DataDirLock
@@ -203,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         app = create_app(settings)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=level.lower(), access_log=False,
-                                               timeout_graceful_shutdown=5))
+        # slow clients cut after the header and body deadlines (app/api/slow_clients.py)
+        server = uvicorn.Server(server_config(app, settings, log_level=level.lower(), access_log=False,
+                                              timeout_graceful_shutdown=5))
         fatal: list[int] = []
 
         def on_fatal(rc: int) -> None:
