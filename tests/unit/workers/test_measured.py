@@ -62,21 +62,23 @@ def test_a_stored_decision_is_enveloped_checksummed_and_reused(tmp_path: Path,
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp file left
 
 
-DAMAGE: list[tuple[str, Any, str]] = [
-    ("ratio-str", {"ratio": "fast"}, "ratio 'fast' is not a positive number"),
-    ("ratio-zero", {"ratio": 0.0}, "ratio 0.0 is not a positive number"),
-    ("ratio-negative", {"ratio": -2.0}, "is not a positive number"),
-    ("ratio-bool", {"ratio": True}, "ratio True is not a positive number"),
-    ("ratio-nan", {"ratio": float("nan")}, "is not a positive number"),
-    ("choice-nonsense", {"choice": "nonsense"}, "choice 'nonsense' is not one of fp32, bf16"),
-    ("choice-fp16", {"choice": "fp16"}, "choice 'fp16' is not one of fp32, bf16"),
-    ("kind", {"kind": "engine"}, "kind 'engine', not 'precision'"),
-    ("figures-str", {"figures": {"fp32": "slow"}}, "are not numbers by name"),
-    ("figures-list", {"figures": [1.0]}, "are not numbers by name"),
-    ("figures-inf", {"figures": {"fp32": float("inf")}}, "are not numbers by name"),
-    ("key-number", {"key": {"cpu": 3}}, "is not strings by name"),
-    ("key-list", {"key": ["cpu"]}, "is not strings by name"),
-    ("extra-field", {"surprise": 1}, "has fields"),
+DAMAGE: list[tuple[str, Any, str]] = [  # (id, fields changed, what the WARNING says, as a regex)
+    ("ratio-str", {"ratio": "fast"}, r"ratio 'fast' is not a positive number"),
+    ("ratio-zero", {"ratio": 0.0}, r"ratio 0\.0 is not a positive number"),
+    ("ratio-negative", {"ratio": -2.0}, r"ratio -2\.0 is not a positive number"),
+    ("ratio-bool", {"ratio": True}, r"ratio True is not a positive number"),
+    ("ratio-nan", {"ratio": float("nan")}, r"ratio nan is not a positive number"),
+    ("choice-nonsense", {"choice": "nonsense"}, r"choice 'nonsense' is not one of fp32, bf16"),
+    ("choice-fp16", {"choice": "fp16"}, r"choice 'fp16' is not one of fp32, bf16"),
+    ("kind", {"kind": "engine"}, r"kind 'engine', not 'precision'"),
+    ("figures-str", {"figures": {"fp32": "slow"}}, r"figures \{'fp32': 'slow'\} are not numbers by name"),
+    ("figures-list", {"figures": [1.0]}, r"figures \[1\.0\] are not numbers by name"),
+    ("figures-inf", {"figures": {"fp32": float("inf")}}, r"figures \{'fp32': inf\} are not numbers by name"),
+    ("key-number", {"key": {"cpu": 3}}, r"key \{'cpu': 3\} is not strings by name"),
+    ("key-list", {"key": ["cpu"]}, r"key \['cpu'\] is not strings by name"),
+    ("extra-field", {"surprise": 1},
+     (r"has fields \['choice', 'figures', 'key', 'kind', 'ratio', 'surprise'\], "
+      r"not \['choice', 'figures', 'key', 'kind', 'ratio'\]")),
 ]
 
 
@@ -97,10 +99,43 @@ def test_every_damage_is_named_and_measured_again(tmp_path: Path, caplog: pytest
         found, timer = _again(tmp_path)
     assert timer.calls == 1 and not found.reused and found.choice == "fp32"
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert line.startswith(f"measured decision {path} is damaged (") and line.endswith("); measuring again")
-    assert (why if checksum == "recomputed" else "fails its sha256 checksum") in line
+    why = why if checksum == "recomputed" else "fails its sha256 checksum"
+    assert re.fullmatch(rf"measured decision {re.escape(str(path))} is damaged \({why}\); measuring again", line)
     stored = json.loads(path.read_text())  # stored again, whole
     assert stored["payload"]["choice"] == "fp32" and stored["sha256"] == _digest(stored["payload"])
+
+
+def test_a_checksummed_file_with_more_than_its_two_fields_is_damage(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from layerbank.workers.measured import _digest
+
+    path = _store(tmp_path)
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "sha256": _digest(doc["payload"]), "note": "edited"}))
+    with caplog.at_level(logging.WARNING, logger="layerbank"):
+        _, timer = _again(tmp_path)
+    assert timer.calls == 1 and "fails its sha256 checksum" in caplog.text
+
+
+def test_a_slower_candidate_is_a_valid_decision_and_a_new_directory_is_made(tmp_path: Path) -> None:
+    """bf16 at 0.68x fp32 (ratio under 1) is a decision like any other: reused, not re-measured."""
+    data = tmp_path / "not" / "made" / "yet"
+    first = measured_choice(data, "precision", KEY, Timer({"fp32": 0.68, "bf16": 1.0}), _pick)
+    assert first.choice == "fp32" and first.ratio == pytest.approx(0.68)
+    found, timer = _again(data)
+    assert timer.calls == 0 and found.reused and found.ratio == pytest.approx(0.68)
+
+
+def test_time_alternating_runs_each_once_to_warm_up_then_in_rounds() -> None:
+    from layerbank.workers.measured import time_alternating
+
+    order: list[str] = []
+    figures = time_alternating({"a": lambda: order.append("a"), "b": lambda: order.append("b")})
+    assert order == ["a", "b"] + ["a", "b"] * 3  # a warm-up each, then alternating rounds
+    assert set(figures) == {"a", "b"} and all(0.0 <= v < 0.5 for v in figures.values())
+    order.clear()
+    time_alternating({"a": lambda: order.append("a")}, rounds=1)
+    assert order == ["a", "a"]
 
 
 @pytest.mark.parametrize(("content", "why"), [
@@ -129,7 +164,7 @@ def test_a_bare_decision_of_an_older_version_is_kept_and_rewritten_with_its_chec
     with caplog.at_level(logging.INFO, logger="layerbank"):
         found, timer = _again(tmp_path)
     assert timer.calls == 0 and found.reused and found.choice == "bf16"  # the stored precision holds
-    assert "rewritten with its checksum" in caplog.text and "WARNING" not in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [f"measured decision {path} rewritten with its checksum"]
     assert json.loads(path.read_text())["payload"] == payload
     bad = {**payload, "choice": "fp16"}
     path.write_text(json.dumps(bad))  # a bare one must pass the schema too
