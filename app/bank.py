@@ -3,7 +3,7 @@
 A Bank holds one data directory for its lifetime, as ``layerbank features``
 does while it runs: the same format and, by default, the same directory
 (``LAYERBANK_DATA_DIR``, else ``./layerbank-data``; every other setting has
-its ``LAYERBANK_*`` twin too, read by layerbank.app.api.settings.Settings).
+its ``LAYERBANK_*`` twin too, read by layerbank.settings.Settings).
 It answers from the store and loads the encoder only when a text is missing:
 the model is located and its keys made without torch, as the command line
 does (layerbank.workers.model_source, layerbank.workers.known_model), so a
@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.app.api.settings import Settings
 from layerbank.cache.keys import text_key
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.poolings import parse_poolings
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import parse_view
+from layerbank.settings import Settings
 from layerbank.workers.known_model import ModelRef, known_model  # both torch-free
 from layerbank.workers.model_source import ModelSource, locate_model
 

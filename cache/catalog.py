@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import threading
@@ -39,10 +38,13 @@ CATALOG_URL_ENV = "LAYERBANK_CATALOG_URL"
 
 def catalog_url(url: str | None = None) -> str | None:
     """The PostgreSQL catalog's URL if one is configured (``url``; when None, the
-    environment, which ``serve`` passes on to its worker and probe processes);
-    None: the data directory's own SQLite catalog (``url=""`` asks for it whatever
-    the environment says)."""
-    url = os.environ.get(CATALOG_URL_ENV) if url is None else url
+    setting ``catalog_url``, read by layerbank/settings.py from ``LAYERBANK_CATALOG_URL``,
+    which ``serve`` passes on to its worker and probe processes); None: the data
+    directory's own SQLite catalog (``url=""`` asks for it whatever the setting says)."""
+    if url is None:
+        from layerbank.settings import environment_value  # the one reader of the environment
+
+        url = environment_value("catalog_url")
     url = url or None
     if url is not None and not is_postgres_url(url):
         raise ValueError(f"catalog URL {url!r}: only postgresql://... is supported "

@@ -259,7 +259,11 @@ def _pool_for(url: str, max_size: int, timeout_s: float) -> "ConnectionPool":
 # a server that stops answering (host gone, network cut) must not hold a request forever:
 # libpq's connect timeout, TCP keepalives and a user timeout cut a dead connection; the
 # statement timeout cuts a statement stuck on the server (a lock, a full disk's retries)
-STATEMENT_TIMEOUT_S = float(os.environ.get("LAYERBANK_CATALOG_STATEMENT_TIMEOUT_S", "120"))
+# (the setting catalog_statement_timeout_s, LAYERBANK_CATALOG_STATEMENT_TIMEOUT_S, read when a pool opens)
+def _statement_timeout_s() -> float:
+    from layerbank.settings import setting  # the one reader of the environment
+
+    return float(setting("catalog_statement_timeout_s"))
 
 
 def _bounds(url: str, timeout_s: float) -> dict[str, Any]:
@@ -272,8 +276,9 @@ def _bounds(url: str, timeout_s: float) -> dict[str, Any]:
                             "tcp_user_timeout": 20_000}
     out = {k: v for k, v in want.items() if k not in given}
     options = str(given.get("options") or "")
-    if STATEMENT_TIMEOUT_S > 0 and "statement_timeout" not in options:
-        out["options"] = f"{options} -c statement_timeout={int(STATEMENT_TIMEOUT_S * 1000)}".strip()
+    statement_timeout_s = _statement_timeout_s()
+    if statement_timeout_s > 0 and "statement_timeout" not in options:
+        out["options"] = f"{options} -c statement_timeout={int(statement_timeout_s * 1000)}".strip()
     return out
 
 

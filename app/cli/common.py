@@ -2,8 +2,11 @@
 parsed flags into Settings, and what more than one command does (read the
 input file, open the extractor, draw a progress bar).
 
-Every flag ``--some-flag`` has the twin ``LAYERBANK_SOME_FLAG``; flags that
-are Settings fields are validated by Settings itself. A command module imports
+Every flag ``--some-flag`` has the twin ``LAYERBANK_SOME_FLAG``. A flag that
+is a setting is generated from its declaration in ``layerbank/settings.py``
+(``add_setting_flags``: name, choices, help, twin), and validated by Settings;
+a command names the settings it takes. Options that are not settings
+(``--text-column``) are declared with ``add_flag``. A command module imports
 its helpers from here (or cost.py, store_first.py, worker_process.py), never
 from another command (tests/unit/test_import_rules.py).
 """
@@ -13,16 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from layerbank.app.api.settings import Settings
-from layerbank.cache.keys import PRECISION_CHOICES
-from layerbank.cache.poolings import POOLING_NAMES
+from layerbank.settings import Settings, env_name, environment_value
 
 if TYPE_CHECKING:
     from layerbank.app.inputs import TextTable
 
 __all__ = [
+    "COMMON_SETTINGS",
     "URL_HINT",
     "ProgressBar",
     "add_backend_flags",
@@ -31,6 +34,7 @@ __all__ = [
     "add_input_flags",
     "add_poolings_flag",
     "add_progress_flag",
+    "add_setting_flags",
     "add_url_flag",
     "fail",
     "load_table",
@@ -43,56 +47,61 @@ __all__ = [
 # what `features` and `probe` add to the refusal of a data directory a server holds
 URL_HINT = "--url URL (env LAYERBANK_URL)"
 
+# the settings every command that runs the encoder takes: which model, and what changes its numbers
+COMMON_SETTINGS = ("data_dir", "model", "device", "precision", "engine", "max_length", "storage_dtype",
+                   "threads")
 
-def _env(flag: str) -> str:
-    return "LAYERBANK_" + flag.lstrip("-").replace("-", "_").upper()
+# `--model` given more than once (serve, worker): the one flag whose shape depends on the command
+_SEVERAL_MODELS = ("model name or path; give it again to serve several (the first is the default, "
+                   "'embedded' names the bundled all-MiniLM-L6-v2)")
 
 
 def add_flag(parser: argparse.ArgumentParser, flag: str, **kw: Any) -> None:
-    """Add ``flag``; its default comes from the environment twin when set."""
-    env = _env(flag)
-    raw = os.environ.get(env)
-    if raw is not None and raw != "":
+    """Add ``flag``, an option that is not a setting; its default comes from the
+    environment twin when set."""
+    raw = environment_value(flag)
+    if raw is not None:
         if kw.get("action") == "store_true":
             kw["default"] = raw.lower() in ("1", "true", "yes", "on")
         else:
             kw["default"] = raw
     help_ = kw.pop("help", "")
-    parser.add_argument(flag, help=f"{help_} [env {env}]".strip(), **kw)
+    parser.add_argument(flag, help=f"{help_} [env {env_name(flag)}]".strip(), **kw)
+
+
+def add_setting_flags(p: argparse.ArgumentParser, *names: str, several_models: bool = False,
+                      help: Mapping[str, str] | None = None) -> None:
+    """One flag per named Settings field, generated from its declaration: ``--some-name``,
+    choices from a ``Literal`` type, the field's description as help, and its twin.
+
+    Defaults stay None so that Settings decides (the twin, else the declared default);
+    values arrive as strings and Settings validates them. ``several_models``: ``--model``
+    may be given more than once. ``help``: a command's own words for a field where the
+    flag means something narrower there (``repair --catalog-url`` re-indexes it)."""
+    for name in names:
+        field = Settings.model_fields[name]
+        kw: dict[str, Any] = {}
+        text = (help or {}).get(name) or field.description or ""
+        twins = env_name(name)
+        if name == "model" and several_models:
+            kw["action"] = "append"
+            text, twins = _SEVERAL_MODELS, f"{twins}, {env_name('models')}=a,b"
+        elif field.annotation is bool:
+            kw.update(action="store_true", default=None)
+        elif get_origin(field.annotation) is Literal:
+            kw["choices"] = list(get_args(field.annotation))
+        p.add_argument("--" + name.replace("_", "-"), help=f"{text} [env {twins}]", **kw)
 
 
 def add_common_flags(p: argparse.ArgumentParser, *, several_models: bool = False) -> None:
-    """Flags that are Settings fields. Defaults stay None so Settings decides.
-
-    ``several_models``: ``--model`` may be given more than once (``serve``, ``worker``)."""
-    p.add_argument("--data-dir", help="data directory [env LAYERBANK_DATA_DIR]")
-    if several_models:
-        p.add_argument("--model", action="append", help="model name or path; give it again to serve "
-                       "several (the first is the default, 'embedded' names the bundled "
-                       "all-MiniLM-L6-v2) [env LAYERBANK_MODEL, LAYERBANK_MODELS=a,b]")
-    else:
-        p.add_argument("--model", help="model name or path (default: embedded all-MiniLM-L6-v2) "
-                       "[env LAYERBANK_MODEL]")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto [env LAYERBANK_DEVICE]")
-    p.add_argument("--precision", choices=PRECISION_CHOICES,
-                   help="compute precision; auto: fp32 or bf16, whichever measured faster here "
-                   "(stored in the data directory) [env LAYERBANK_PRECISION]")
-    p.add_argument("--engine", choices=["auto", "torch", "onnx"],
-                   help="what runs the model on a CPU at fp32: torch, ONNX Runtime, or auto (the faster, "
-                   "timed once per machine; same numbers within 1e-4) [env LAYERBANK_ENGINE]")
-    p.add_argument("--max-length", type=int, help="truncate texts at this many tokens "
-                   "[env LAYERBANK_MAX_LENGTH]")
-    p.add_argument("--storage-dtype", choices=["float16", "float32", "int8"],
-                   help="dtype of stored vectors (int8: a float32 scale per row per layer, half "
-                   "float16's bytes; docs/storage.md) [env LAYERBANK_STORAGE_DTYPE]")
-    p.add_argument("--threads", type=int, help="torch CPU threads [env LAYERBANK_THREADS]")
+    """The ``COMMON_SETTINGS`` flags."""
+    add_setting_flags(p, *COMMON_SETTINGS, several_models=several_models)
 
 
 def add_poolings_flag(p: argparse.ArgumentParser) -> None:
-    """``--poolings``, the Settings field (serve, worker, extract, features; ``probe``'s
-    own ``--poolings`` says which to probe)."""
-    p.add_argument("--poolings", help="poolings stored per text, comma-separated, from: "
-                   f"{', '.join(POOLING_NAMES)} (default: mean,cls,max) [env LAYERBANK_POOLINGS]")
+    """``--poolings``, the setting (serve, worker, extract, features; ``probe``'s own
+    ``--poolings`` says which to probe)."""
+    add_setting_flags(p, "poolings")
 
 
 def add_url_flag(p: argparse.ArgumentParser) -> None:
@@ -118,11 +127,8 @@ def through_a_server(message: str, data_dir: Any) -> str:
 
 
 def add_progress_flag(p: argparse.ArgumentParser) -> None:
-    """``--no-progress`` (twin LAYERBANK_NO_PROGRESS), unless ``p`` has it already.
-
-    main.py adds it to every subcommand, so a script can pass it to any."""
-    if any("--no-progress" in a.option_strings for a in p._actions):
-        return
+    """``--no-progress`` (twin LAYERBANK_NO_PROGRESS): main.py adds it to every
+    subcommand, once, so a script can pass it to any."""
     add_flag(p, "--no-progress", action="store_true", help="no progress bars (layerbank's and the model "
              "loader's); the cost line before a long run stays")
 
@@ -174,10 +180,7 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
 
 def add_backend_flags(p: argparse.ArgumentParser) -> None:
     """Where dataset extraction runs (docs/operations.md): ``serve`` and ``worker``."""
-    add_flag(p, "--backend", choices=["embedded", "ray"],
-             help="run dataset extraction here (embedded) or on a Ray cluster (ray)")
-    add_flag(p, "--ray-address", help="Ray cluster address: auto, host:port, or local")
-    add_flag(p, "--ray-actors", help="encoder actors on Ray (one GPU each)")
+    add_setting_flags(p, "backend", "ray_address", "ray_actors")
 
 
 def load_table(args: argparse.Namespace, label_column: str | None = None) -> TextTable:

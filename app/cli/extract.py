@@ -13,6 +13,7 @@ from layerbank.app.cli.common import (
     add_flag,
     add_input_flags,
     add_poolings_flag,
+    add_setting_flags,
     fail,
     load_table,
     settings_from,
@@ -28,8 +29,7 @@ def register(sub: Any) -> None:
     add_common_flags(p)
     add_poolings_flag(p)
     add_flag(p, "--tokens", action="store_true", help="also store token-level states of every layer")
-    add_flag(p, "--backend", choices=["embedded", "ray"], help="where the encoder runs")
-    add_flag(p, "--ray-address", help="Ray cluster address, or 'local'")
+    add_setting_flags(p, "backend", "ray_address")
     p.set_defaults(run=run)
 
 

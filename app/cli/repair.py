@@ -26,29 +26,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layerbank.app.cli.common import fail
+from layerbank.app.cli.common import add_setting_flags, fail, settings_from
 
 __all__ = ["register", "run"]
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("repair", help="rebuild a damaged catalog from the shards")
-    p.add_argument("--data-dir", help="data directory [env LAYERBANK_DATA_DIR]")
+    add_setting_flags(p, "data_dir")
     p.add_argument("--force", action="store_true", help="rebuild even if the catalog passes its check")
-    p.add_argument("--catalog-url", help="a PostgreSQL catalog: re-index it from the shard files "
-                   "(stop every replica first) [env LAYERBANK_CATALOG_URL]")
+    add_setting_flags(p, "catalog_url", help={"catalog_url": "a PostgreSQL catalog: re-index it from the "
+                                              "shard files (stop every replica first)"})
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerbank.app.api.settings import Settings
     from layerbank.cache.lock import DataDirBusy, DataDirLock
     from layerbank.cache.repair import (PostgresDirectory, refuse_postgres_directory, check_catalog,
                                         repair_catalog)
 
-    settings = Settings()
-    data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
-    url = getattr(args, "catalog_url", None) or settings.catalog_url
+    settings = settings_from(args)
+    data_dir, url = settings.data_dir, settings.catalog_url
     if url:
         return _reindex(data_dir, url)
     try:  # a replicas' directory (its PostgreSQL marker): name --catalog-url, write nothing

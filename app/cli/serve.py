@@ -33,8 +33,8 @@ from typing import Any
 from layerbank.app.cli.common import (
     add_backend_flags,
     add_common_flags,
-    add_flag,
     add_poolings_flag,
+    add_setting_flags,
     fail,
     settings_from,
 )
@@ -43,42 +43,18 @@ __all__ = ["is_loopback", "register", "run"]
 
 log = logging.getLogger("layerbank.serve")
 
-# flags that are Settings fields: (flag, help)
-_FLAGS = [
-    ("--host", "address to listen on (default 127.0.0.1)"),
-    ("--catalog-url", "PostgreSQL catalog (postgresql://user@host/db) for several replicas on one "
-                      "shard directory; default: catalog.sqlite in --data-dir, one server"),
-    ("--port", "port (default 8000; 0 picks a free one)"),
-    ("--api-key", "require 'Authorization: Bearer KEY' on every route but /health"),
-    ("--allowed-hosts", "without a key: host names to answer to besides loopback and --host "
-                        "(comma-separated; '*' = any)"),
-    ("--default-view", "view when a request names none (default layer:-2)"),
-    ("--default-pooling", "pooling when a request names none (default mean)"),
-    ("--batch-window-ms", "how long misses wait for others to share an encoder batch (default 5)"),
-    ("--max-texts-per-request", "texts in one request (default 2048)"),
-    ("--max-chars-per-text", "characters in one text (default 100000)"),
-    ("--max-body-bytes", "request body size (default 32 MiB)"),
-    ("--max-queue-depth", "requests waiting for the encoder, and queued dataset jobs (default 64)"),
-    ("--max-dataset-texts", "texts in one dataset (default 1000000)"),
-    ("--max-tokens-per-batch", "padded tokens in one encoder batch (default 4096 on CPU, 16384 on CUDA)"),
-    ("--part-size", "texts per shard (default 2048)"),
-    ("--model-memory-mb", "memory for loaded encoders when several --model are served; the least "
-                          "recently used is unloaded (default: half of the device's memory)"),
-    ("--lease-seconds", "job lease; a job whose worker stops renewing it runs again (default 30)"),
-    ("--heartbeat-seconds", "lease renewal and worker liveness interval (default 5)"),
-    ("--max-attempts", "times a job is tried before it fails (default 3)"),
-    ("--log-level", "DEBUG, INFO, WARNING, ... (default INFO)"),
-]
+# the settings serve takes as flags besides the common ones (help and twins: layerbank/settings.py)
+_SETTINGS = ("host", "catalog_url", "port", "api_key", "allowed_hosts", "default_view", "default_pooling",
+             "batch_window_ms", "max_texts_per_request", "max_chars_per_text", "max_body_bytes",
+             "max_queue_depth", "max_dataset_texts", "max_tokens_per_batch", "part_size", "model_memory_mb",
+             "lease_seconds", "heartbeat_seconds", "max_attempts", "log_level", "insecure")
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="HTTP API and its extraction worker")
     add_common_flags(p, several_models=True)
     add_poolings_flag(p)
-    for flag, help_ in _FLAGS:
-        add_flag(p, flag, help=help_)
-    add_flag(p, "--insecure", action="store_true",
-             help="allow a non-loopback host without an API key")
+    add_setting_flags(p, *_SETTINGS)
     add_backend_flags(p)
     p.set_defaults(run=run)
 

@@ -21,15 +21,16 @@ import threading
 import time
 from typing import Any
 
-from layerbank.app.api.settings import Settings
 from layerbank.app.cli.common import (
     add_backend_flags,
     add_common_flags,
     add_flag,
     add_poolings_flag,
+    add_setting_flags,
     settings_from,
 )
-from layerbank.app.cli.worker_process import FATAL_EXIT, settings_env
+from layerbank.app.cli.worker_process import FATAL_EXIT
+from layerbank.settings import Settings, settings_env
 
 # settings_env: where tests and scripts have looked for it
 __all__ = ["FATAL_EXIT", "register", "run", "served_models", "settings_env"]
@@ -42,12 +43,8 @@ def register(sub: Any) -> None:
     add_common_flags(p, several_models=True)
     add_poolings_flag(p)
     add_flag(p, "--parent-pid", type=int, help="exit when this process is gone")
-    add_flag(p, "--part-size", help="texts per shard")
-    add_flag(p, "--model-memory-mb", help="memory for loaded encoders (several --model)")
-    add_flag(p, "--max-tokens-per-batch", help="padded tokens per encoder batch")
-    add_flag(p, "--lease-seconds", help="job lease")
-    add_flag(p, "--heartbeat-seconds", help="lease renewal and liveness interval")
-    add_flag(p, "--log-level", help="DEBUG, INFO, WARNING, ...")
+    add_setting_flags(p, "part_size", "model_memory_mb", "max_tokens_per_batch", "lease_seconds",
+                      "heartbeat_seconds", "log_level")
     add_backend_flags(p)
     p.set_defaults(run=run)
 

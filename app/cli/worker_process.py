@@ -21,27 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from layerbank.app.api.settings import Settings
+from layerbank.settings import Settings, settings_env
 
-__all__ = ["FATAL_EXIT", "WorkerSupervisor", "settings_env"]
+__all__ = ["FATAL_EXIT", "WorkerSupervisor"]
 
 log = logging.getLogger("layerbank.serve")  # the supervisor runs in serve
 FATAL_EXIT = 3  # the worker's status when the model cannot be loaded
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The process environment with ``settings`` as its ``LAYERBANK_*`` variables
-    (the API key stays out: the worker does not need it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
-    for name, value in settings.model_dump().items():
-        if value is None or name == "api_key":
-            continue
-        if isinstance(value, list):
-            value = ",".join(map(str, value))
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        env["LAYERBANK_" + name.upper()] = str(value)
-    return env
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -144,3 +144,45 @@ def test_no_command_imports_another_command() -> None:
              if m.startswith("layerbank.app.cli.") and m != "layerbank.app.cli.main"
              for t in map(_internal, GRAPH[m]) if t in commands and t != m]
     assert found == []
+
+
+# modules that touch os.environ for something that is not a layerbank setting, and why;
+# every setting is read by layerbank/settings.py alone (declared once, CLI flags generated from it)
+ENVIRON_ALLOWED = {
+    "layerbank.settings": "the settings module: it reads them",
+    "layerbank.app.cli.common": "quiet_progress writes TQDM_DISABLE and HF_HUB_DISABLE_PROGRESS_BARS "
+                                "(tqdm's and Hugging Face's switches, for this process and its children)",
+    "layerbank.app.cli.serve": "writes LAYERBANK_CATALOG_URL for the probe processes the API spawns "
+                               "(they read it back through layerbank.settings)",
+    "layerbank.app.probes.service": "a probe process's initializer writes BLAS thread counts and its own "
+                                    "memory limit before numpy loads",
+    "layerbank.app.probes.jobs": "reads back the memory limit its own process's initializer wrote, "
+                                 "to name it in a job's error (a note, not a setting)",
+    "layerbank.workers": "sets OpenMP's and oneDNN's variables before torch loads (theirs, not settings)",
+}
+
+
+_ENVIRON_NAMES = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+
+
+def _environ_uses(path: Path) -> list[int]:
+    """Lines that touch the environment: ``os.environ``, ``os.getenv``/``putenv``/``unsetenv``,
+    or those names imported from ``os``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        attribute = (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                     and node.value.id == "os" and node.attr in _ENVIRON_NAMES)
+        imported = (isinstance(node, ast.ImportFrom) and node.module == "os"
+                    and any(a.name in _ENVIRON_NAMES for a in node.names))
+        if attribute or imported:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_settings_module_reads_the_environment() -> None:
+    found = {m: lines for m, path in MODULES.items() if (lines := _environ_uses(path))}
+    assert "layerbank.settings" in found  # the scan sees the one reader
+    assert sorted(set(found) - set(ENVIRON_ALLOWED)) == [], \
+        {m: found[m] for m in set(found) - set(ENVIRON_ALLOWED)}
+    # an allowance nothing needs any more goes too
+    assert sorted(set(ENVIRON_ALLOWED) - set(found)) == []
