@@ -83,7 +83,7 @@ class Server:
 
     def __init__(self, data_dir: Path, threads: int | None, catalog_url: str | None = None,
                  port: int = 0, log_name: str | None = None, wait: bool = True,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, root: Path = ROOT) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
         if threads:
             env["LAYERBANK_THREADS"] = str(threads)
@@ -98,7 +98,8 @@ class Server:
         self.data_dir = data_dir
         self.log_path = data_dir.parent / f"{log_name or data_dir.name}.log"
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # `python -m` puts the working directory first on sys.path: ``root``'s layerbank runs
+        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.host, self.port = "127.0.0.1", port
         if wait:
             self.wait()
@@ -288,8 +289,10 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
     hot = texts_pool(args.data)[0]
     tmp = Path(tempfile.mkdtemp(prefix="layerbank-floor-"))
     server = Server(tmp / "a", args.threads)
-    floor = None
+    floor = before = None
     try:
+        if args.before:  # another checkout (e.g. `git worktree add /tmp/old HEAD~1`), measured alongside
+            before = Server(tmp / "before", args.threads, root=args.before)
         feats = {"texts": [hot]}
         embs = {"input": [hot], "model": "all-MiniLM-L6-v2", "encoding_format": "float"}
         answers = {}
@@ -297,6 +300,8 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
             status, answers[name] = Conn(server.host, server.port).call("POST", path, body)
             assert status == 200, answers[name][:300]
             status, answers[name] = Conn(server.host, server.port).call("POST", path, body)  # cached now
+            for _ in range(2 if before else 0):
+                assert Conn(before.host, before.port).call("POST", path, body)[0] == 200  # type: ignore[union-attr]
             (tmp / f"{name}.json").write_bytes(answers[name])
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -321,6 +326,9 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
                    "layerbank embeddings": (server.port, _raw_request("/v1/embeddings", embs)),
                    "floor features": (floor_port, _raw_request("/v1/features", feats)),
                    "floor embeddings": (floor_port, _raw_request("/v1/embeddings", embs))}
+        if before:
+            targets.update({"before features": (before.port, _raw_request("/v1/features", feats)),
+                            "before embeddings": (before.port, _raw_request("/v1/embeddings", embs))})
         got: dict[tuple[str, int], list[dict[str, float]]] = {}
         for rnd in range(args.rounds):
             order = list(targets) if rnd % 2 == 0 else list(reversed(targets))
@@ -345,11 +353,17 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
                 res[f"ratio_{what}_c{c}_rps"] = res[f"{lb}_rps"] / res[f"{fl}_rps"]
                 print(f"  {what}, {c} client(s): layerbank / floor p50 {res[f'ratio_{what}_c{c}_p50']:.2f}x "
                       f"{'(target <= 1.5x) ' if c == 1 else ''}req/s {res[f'ratio_{what}_c{c}_rps']:.2f}x")
+                if before:
+                    res[f"speedup_{what}_c{c}_rps"] = res[f"{lb}_rps"] / res[f"before_{what}_c{c}_rps"]
+                    print(f"  {what}, {c} client(s): layerbank / before req/s "
+                          f"{res[f'speedup_{what}_c{c}_rps']:.2f}x{' (target >= 2.5x)' if c == 16 else ''}")
         res["load_end"] = os.getloadavg()[0]
         print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         return res
     finally:
         server.stop()
+        if before is not None:
+            before.stop()
         if floor is not None:
             floor.terminate()
             floor.wait(30)
@@ -372,6 +386,8 @@ def main() -> None:
     ap.add_argument("--client-procs", type=int, default=16,
                     help="processes the 16 clients are spread over (--floor)")
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds per measured window (--floor)")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a checkout of older code whose server is measured in the same rounds (--floor)")
     args = ap.parse_args()
     if args.floor:
         args.rounds = args.rounds if args.rounds != 5 else 3

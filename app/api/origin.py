@@ -47,6 +47,7 @@ __all__ = ["OriginGuard", "allowed_host_names", "is_loopback_name"]
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _SAME = frozenset({"same-origin", "none"})  # Sec-Fetch-Site values of the server's own pages / the user
 _READ = (b"host", b"origin", b"sec-fetch-site")
+_NAMES = tuple(n.decode() for n in _READ)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _WILDCARD_BINDS = {"0.0.0.0", "::", ""}
 _WHY = ("a server without an API key takes changes only from its own pages and from clients that are "
@@ -93,6 +94,7 @@ class OriginGuard:
     def __init__(self, app: ASGIApp, allowed: frozenset[str] | None) -> None:
         self.app = app
         self.allowed = allowed
+        self._seen: dict[tuple[str, ...], str | None] = {}  # decisions by the values they read
 
     def _host_ok(self, host: str) -> bool:
         return self.allowed is None or is_loopback_name(host) or host in self.allowed
@@ -102,7 +104,15 @@ class OriginGuard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k in _READ}
-        problem = self._check(scope, headers)
+        # _check reads only these: a client's repeated requests are decided once (bounded)
+        seen = (scope.get("scheme", "http"), scope["method"], *(headers.get(n, "") for n in _NAMES))
+        if seen in self._seen:
+            problem = self._seen[seen]
+        else:
+            problem = self._check(scope, headers)
+            if len(self._seen) >= 1024:
+                self._seen.clear()
+            self._seen[seen] = problem
         if problem:
             body = json.dumps(body_for(scope["path"], 403, problem, "forbidden")).encode()
             await send({"type": "http.response.start", "status": 403,

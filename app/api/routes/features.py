@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,6 +135,7 @@ def _view_re(n_states: int) -> re.Pattern[str]:
     return re.compile(view_pattern(n_states), re.ASCII)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments; a ViewError is not kept
 def strict_view(spec: str, n_states: int) -> View:
     """Parse a view and check it against the model, holding it to the exact
     grammar the OpenAPI schema states (no spaces, plain decimal numbers)."""
@@ -246,20 +248,25 @@ def _bool(x: Any) -> bytes:
     return b"true" if x else b"false"
 
 
+@functools.lru_cache(maxsize=256)
+def _head(name: str, precision: str, view: str, pooling: str, shape: tuple[int, ...], fmt: str, dtype: str) -> bytes:
+    """The answer's opening fields, up to ``data`` (without the closing brace)."""
+    return _dumps({"model": name, "precision": precision, "view": view, "pooling": pooling, "dim": shape[-1],
+                   "shape": list(shape), "format": fmt, "dtype": dtype})[:-1]
+
+
 def features_body(m: ModelRef, view: View, pooling: str, shape: list[int], fmt: str, dtype: str,
                   rows: Sequence[bytes], cached: Sequence[bool], n_tokens: Sequence[int],
                   truncated: Sequence[bool], tokens_computed: int) -> bytes:
     """The answer's bytes from its rows' fragments: byte for byte what ``json.dumps`` of the
     whole answer gives (tests/unit/app/test_fast_reads.py), without formatting a float."""
-    head = _dumps({"model": m.name, "precision": m.precision, "view": view.spec, "pooling": pooling,
-                   "dim": shape[-1], "shape": shape, "format": fmt,
-                   "dtype": dtype if fmt == "base64" else "float32"})
+    head = _head(m.name, m.precision, view.spec, pooling, tuple(shape), fmt, dtype if fmt == "base64" else "float32")
     items = b",".join(b'{"index":%d,"embedding":%b,"cached":%b,"n_tokens":%d,"truncated":%b}'
                       % (i, e, _bool(c), int(t), _bool(tr))
                       for i, (e, c, t, tr) in enumerate(zip(rows, cached, n_tokens, truncated)))
     usage = _dumps({"texts": len(rows), "cache_hits": int(sum(bool(c) for c in cached)),
                     "tokens_computed": tokens_computed})
-    return head[:-1] + b',"data":[' + items + b'],"usage":' + usage + b"}"
+    return head + b',"data":[' + items + b'],"usage":' + usage + b"}"
 
 
 def _body(r: FeatureResult, fmt: str, dtype: str) -> bytes:
@@ -291,7 +298,7 @@ def cached_answer(state: AppState, body: bytes) -> bytes | None:
     h = m.n_hidden_states
     shape = [len(view.needed_layers(h)), m.hidden_size] if view.kind == "all" else \
         [view.output_dim(h, m.hidden_size)]
-    if len(req.texts) * int(np.prod(shape)) > _BIG:
+    if len(req.texts) * math.prod(shape) > _BIG:
         return None
     fmt, dtype = req.format, answer_dtype(m, view, req.dtype)
     keys = [text_key(m.fingerprint, m.config, t) for t in req.texts]
