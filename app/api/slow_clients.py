@@ -65,7 +65,7 @@ class GuardedH11Protocol(H11Protocol):
         self._guard = None
         if self.transport.is_closing():
             return
-        client = "%s:%d" % tuple(self.client) if self.client else "a client"
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
         log.info("closed the connection of %s: %s did not arrive within %.0f s", client, what, seconds)
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the route's receive() says http.disconnect
