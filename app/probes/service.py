@@ -229,7 +229,10 @@ class ProbeService:
             log.info("job %s (%s) started", job.id, job.kind)
 
     def _done_in_thread(self, loop: asyncio.AbstractEventLoop, job_id: str, fut: Future[str]) -> None:
-        loop.call_soon_threadsafe(self._finished, job_id, fut)  # a pool thread calls this
+        try:  # a pool thread calls this
+            loop.call_soon_threadsafe(self._finished, job_id, fut)
+        except RuntimeError:  # the app closed meanwhile: close() handed its jobs back already
+            pass
 
     def _finished(self, job_id: str, fut: Future[str]) -> None:
         if self._running.pop(job_id, None) is None:
