@@ -125,3 +125,24 @@ def test_cancelling_a_computing_probe_ends_its_process_and_returns_its_memory(ti
     r = c.post("/v1/probes", json={"dataset": ds, "views": ["layer:1"], "poolings": ["mean"], "cv": 2,
                                    "control_task": False, "learning_curve": False, "mdl": False})
     assert _wait(c, r.json()["id"])["state"] == "succeeded"
+
+
+def test_a_regimes_job_over_the_memory_budget_is_a_413(tiny_api_factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    api = tiny_api_factory(probe_memory_mb=64)
+    c = api.client
+    ds = _dataset(c, n_classes=2, per_class=20)
+    catalog = c.app.state.layerbank.store.catalog
+    real = catalog.model_info
+
+    def bigger(fp: str) -> Any:  # the tiny model as if it had 10 M weights: 160 MB to fine-tune
+        info = real(fp)
+        return None if info is None else {**info, "n_params": 10_000_000}
+
+    monkeypatch.setattr(catalog, "model_info", bigger)
+    r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen", "full"], "seeds": 2})
+    assert r.status_code == 413, r.text
+    assert r.json()["limit"] == "probe_memory_mb" and "10000000 weights" in r.json()["error"]
+    monkeypatch.setattr(catalog, "model_info", real)  # its own 1 M weights fit in 64 MB
+    r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 2})
+    assert r.status_code == 202, r.text
+    c.delete(f"/v1/regimes/{r.json()['id']}")
