@@ -139,11 +139,11 @@ def test_time_alternating_runs_each_once_to_warm_up_then_in_rounds() -> None:
 
 
 @pytest.mark.parametrize(("content", "why"), [
-    (b'{"payload": {"kind": "precision", "cho', "Unterminated string"),  # half a file
-    (b"\x89PNG\r\n\x1a\n\xff\xfe", "cannot be read"),  # not UTF-8
-    (b"[1, 2]", "holds list, not a decision"),
-    (b'{"payload": {}, "sha256": "0", "more": 1}', "fails its sha256 checksum"),
-    (b'{"payload": [], "sha256": "0"}', "fails its sha256 checksum"),
+    (b'{"payload": {"kind": "precision", "cho', " is damaged (Unterminated string"),  # half a file
+    (b"\x89PNG\r\n\x1a\n\xff\xfe", " cannot be read ('utf-8' codec can't decode"),  # not UTF-8
+    (b"[1, 2]", " is damaged (holds list, not a decision); "),
+    (b'{"payload": {}, "sha256": "0", "more": 1}', " is damaged (fails its sha256 checksum); "),
+    (b'{"payload": [], "sha256": "0"}', " is damaged (fails its sha256 checksum); "),
 ])
 def test_an_unreadable_file_is_named_and_measured_again(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                        content: bytes, why: str) -> None:
@@ -153,7 +153,8 @@ def test_an_unreadable_file_is_named_and_measured_again(tmp_path: Path, caplog: 
         found, timer = _again(tmp_path)
     assert timer.calls == 1 and found.choice == "fp32"
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert str(path) in line and why in line and line.endswith("measuring again")
+    assert str(path) in line and line.endswith("; measuring again")
+    assert f"{path}{why}" in line  # the words, as they are
 
 
 def test_a_bare_decision_of_an_older_version_is_kept_and_rewritten_with_its_checksum(
