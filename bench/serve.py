@@ -15,8 +15,9 @@ Figures printed:
 
 With ``--floor`` it measures instead how near cached reads come to the
 framework's floor (issue 28): the same ``layerbank serve`` against a bare
-FastAPI + uvicorn app (same uvicorn loop and HTTP implementation, one
-worker, access log off) whose ``POST /v1/features`` and ``/v1/embeddings``
+FastAPI + uvicorn app run with layerbank's own uvicorn config (its loop and
+HTTP protocol, app/api/slow_clients.py where present; one worker, access log
+off; ``--httptools-floor`` adds one on uvicorn's defaults) whose ``POST /v1/features`` and ``/v1/embeddings``
 return precomputed bytes of layerbank's own answers (same size), started in
 the same run. The client is light enough not to hide the server: forked
 processes, each with one keep-alive raw socket sending a prebuilt HTTP/1.1
@@ -24,8 +25,8 @@ request and reading the reply by its Content-Length. It prints p50 / p99 and
 req/s at 1 and 16 clients for cached one-text ``/v1/features`` and
 ``/v1/embeddings`` and the floor, rounds alternating, medians of
 ``--rounds``, the ratios layerbank / floor, and the load average with every
-figure (targets: p50 <= 1.5x the floor at 1 client; req/s >= 2.5x issue 28's
-starting figure at 16).
+figure (targets: p50 <= 1.5x the floor at 1 client; req/s >= 2.5x the code
+before at 16: ``--before DIR`` serves an older checkout in the same rounds).
 
 With ``--replicas 1,2`` it measures instead how cached reads scale over API
 replicas (issue 19): one real PostgreSQL server (Debian's binaries, as the
@@ -202,9 +203,41 @@ async def f() -> Response:
 async def e() -> Response:
     return Response(embeddings, media_type='application/json')
 
-# uvicorn's defaults, as `layerbank serve` runs it (loop and http 'auto': uvloop, httptools)
-uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[1]), access_log=False, log_level='warning')
+kw = dict(host='127.0.0.1', port=int(sys.argv[1]), access_log=False, log_level='warning')
+try:  # the uvicorn config `layerbank serve` runs (its HTTP protocol, keep-alive), as this checkout has it
+    from layerbank.app.api.slow_clients import server_config
+    from layerbank.app.api.settings import Settings
+except ImportError:
+    server_config = None
+if sys.argv[4] == 'layerbank' and server_config is not None:
+    config = server_config(app, Settings(), **kw)
+else:  # uvicorn's defaults: loop and http 'auto' (uvloop, httptools)
+    config = uvicorn.Config(app, **kw)
+print('floor', sys.argv[4], 'http:', getattr(config.http, '__name__', config.http), file=sys.stderr, flush=True)
+uvicorn.Server(config).run()
 """
+
+
+def _start_floor(tmp: Path, kind: str, probe: dict[str, Any], want: bytes) -> tuple[subprocess.Popen[bytes], int]:
+    """The bare app on a free port, with layerbank's server config (``kind`` 'layerbank') or
+    uvicorn's defaults ('uvicorn'); returns once it answers ``probe`` with ``want``."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", _FLOOR_APP, str(port), str(tmp / "features.json"),
+                             str(tmp / "embeddings.json"), kind], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if Conn("127.0.0.1", port).call("POST", "/v1/features", probe)[1] == want:
+                return proc, port
+        except OSError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit("the floor app did not start")
+        time.sleep(0.1)
 
 
 def _raw_request(path: str, body: dict[str, Any]) -> bytes:
@@ -284,12 +317,11 @@ def _drive_raw(port: int, req: bytes, clients: int, procs: int, seconds: float) 
 
 def run_floor(args: argparse.Namespace) -> dict[str, float]:
     """layerbank's cached one-text reads against the bare route, alternating rounds."""
-    import socket
-
     hot = texts_pool(args.data)[0]
     tmp = Path(tempfile.mkdtemp(prefix="layerbank-floor-"))
     server = Server(tmp / "a", args.threads)
-    floor = before = None
+    floors: list[subprocess.Popen[bytes]] = []
+    before = None
     try:
         if args.before:  # another checkout (e.g. `git worktree add /tmp/old HEAD~1`), measured alongside
             before = Server(tmp / "before", args.threads, root=args.before)
@@ -303,21 +335,11 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
             for _ in range(2 if before else 0):
                 assert Conn(before.host, before.port).call("POST", path, body)[0] == 200  # type: ignore[union-attr]
             (tmp / f"{name}.json").write_bytes(answers[name])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            floor_port = s.getsockname()[1]
-        floor = subprocess.Popen([sys.executable, "-c", _FLOOR_APP, str(floor_port), str(tmp / "features.json"),
-                                  str(tmp / "embeddings.json")], cwd=ROOT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if Conn("127.0.0.1", floor_port).call("POST", "/v1/features", feats)[1] == answers["features"]:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the floor app did not start")
-            time.sleep(0.1)
+        floor, floor_port = _start_floor(tmp, "layerbank", feats, answers["features"])
+        floors = [floor]
+        if args.httptools_floor:
+            plain, plain_port = _start_floor(tmp, "uvicorn", feats, answers["features"])
+            floors.append(plain)
         print(f"answers: features {len(answers['features'])} B, embeddings {len(answers['embeddings'])} B; "
               f"the floor returns the same bytes; {os.cpu_count()} CPUs; client: raw keep-alive sockets, "
               f"16 clients over {args.client_procs} processes; {args.seconds:.1f} s windows, "
@@ -326,6 +348,9 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
                    "layerbank embeddings": (server.port, _raw_request("/v1/embeddings", embs)),
                    "floor features": (floor_port, _raw_request("/v1/features", feats)),
                    "floor embeddings": (floor_port, _raw_request("/v1/embeddings", embs))}
+        if args.httptools_floor:  # what the floor costs with uvicorn's default protocol (httptools)
+            targets.update({"httptools floor features": (plain_port, _raw_request("/v1/features", feats)),
+                            "httptools floor embeddings": (plain_port, _raw_request("/v1/embeddings", embs))})
         if before:
             targets.update({"before features": (before.port, _raw_request("/v1/features", feats)),
                             "before embeddings": (before.port, _raw_request("/v1/embeddings", embs))})
@@ -345,7 +370,7 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
                 loads = [r["load"] for r in runs]
                 key = name.replace(" ", "_") + f"_c{c}"
                 res.update({f"{key}_p50_ms": m["p50"], f"{key}_p99_ms": m["p99"], f"{key}_rps": m["rps"]})
-                print(f"{name:21s} {c:2d} client{'s' if c > 1 else ' '}: p50 {m['p50']:6.3f} ms  "
+                print(f"{name:26s} {c:2d} client{'s' if c > 1 else ' '}: p50 {m['p50']:6.3f} ms  "
                       f"p99 {m['p99']:6.3f} ms  {m['rps']:8.0f} req/s   (load {min(loads):.1f}-{max(loads):.1f})")
             for what in ("features", "embeddings"):
                 lb, fl = f"layerbank_{what}_c{c}", f"floor_{what}_c{c}"
@@ -364,9 +389,9 @@ def run_floor(args: argparse.Namespace) -> dict[str, float]:
         server.stop()
         if before is not None:
             before.stop()
-        if floor is not None:
-            floor.terminate()
-            floor.wait(30)
+        for p in floors:
+            p.terminate()
+            p.wait(30)
 
 
 def main() -> None:
@@ -386,6 +411,8 @@ def main() -> None:
     ap.add_argument("--client-procs", type=int, default=16,
                     help="processes the 16 clients are spread over (--floor)")
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds per measured window (--floor)")
+    ap.add_argument("--httptools-floor", action="store_true",
+                    help="also a floor on uvicorn's default protocol (httptools), for comparison (--floor)")
     ap.add_argument("--before", type=Path, default=None,
                     help="a checkout of older code whose server is measured in the same rounds (--floor)")
     args = ap.parse_args()

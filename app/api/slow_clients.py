@@ -95,8 +95,15 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def guarded_protocol(header_timeout_s: float, body_timeout_s: float) -> type[GuardedH11Protocol]:
-    """The protocol class with these deadlines (uvicorn takes a class, not an instance)."""
+def guarded_protocol(header_timeout_s: float, body_timeout_s: float) -> type[Any]:
+    """The protocol class with these deadlines (uvicorn takes a class, not an instance): on
+    httptools where it is installed (app/api/slow_clients_httptools.py: ~2.3x h11's requests/s)."""
+    try:
+        from layerbank.app.api.slow_clients_httptools import guarded_httptools
+    except ImportError:  # uvicorn without httptools: h11
+        pass
+    else:
+        return guarded_httptools(header_timeout_s, body_timeout_s)
     return type("GuardedH11Protocol", (GuardedH11Protocol,),
                 {"header_timeout_s": float(header_timeout_s), "body_timeout_s": float(body_timeout_s)})
 
