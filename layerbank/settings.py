@@ -13,6 +13,9 @@ What reads the environment, all in this module:
 - ``environment_value(name)``: one raw value, for the twin of a command-line
   option that is not a setting (``--text-column``), or a setting read on its
   own where building all of them is not wanted (the catalog's URL);
+- ``setting(name)``: one setting read alone and validated as ``Settings``
+  would (the PostgreSQL catalog's statement timeout, in ``cache/``, which may
+  not import ``layerbank.app``);
 - ``settings_env(settings)``: the environment a child process gets, with
   ``settings`` written into it.
 
@@ -212,7 +215,9 @@ def setting(name: str) -> Any:
     raw = environment_value(name)
     if raw is None:
         return field.default
-    return TypeAdapter(Annotated[field.annotation, *field.metadata]).validate_python(raw)
+    # the field's type with its constraints (ge=0 ...); built at run time, which mypy cannot follow
+    kind: Any = Annotated[field.annotation, *field.metadata]
+    return TypeAdapter(kind).validate_python(raw)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
