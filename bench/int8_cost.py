@@ -89,7 +89,7 @@ def _score(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarra
     return float((pred == y_te).mean()), pred
 
 
-def measure_accuracy(n_train: int) -> dict[str, object] | None:
+def measure_accuracy(n_train: int, n_score: int | None = None) -> dict[str, object] | None:
     if not DATA.is_dir():
         print(f"accuracy: {DATA} is absent (it is on the development machines only, not in a "
               "clone); skipped", file=sys.stderr)
@@ -100,6 +100,8 @@ def measure_accuracy(n_train: int) -> dict[str, object] | None:
     ag = _tsv(DATA / "agnews" / "dev.tsv", header=False)
     rng.shuffle(ag)
     sets["agnews"] = (ag[:n_train], ag[n_train:])
+    if n_score is not None:  # a quick run: a seeded subset of the scored texts
+        sets = {k: (tr, random.Random(1).sample(te, min(n_score, len(te)))) for k, (tr, te) in sets.items()}
     result: dict[str, object] = {}
     for name, (train, test) in sets.items():
         t0 = time.perf_counter()
@@ -141,6 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["bytes", "accuracy"])
     ap.add_argument("--train", type=int, default=4000, help="training texts per data set (seeded)")
+    ap.add_argument("--score", type=int, help="score a seeded subset of this many texts (default: all)")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out: dict[str, object] = {"load_before": os.getloadavg()}
@@ -153,7 +156,7 @@ def main() -> None:
         for dt in DTYPES:
             print(f"{dt:8} {b[dt]['pooled']:>10,.0f} {b[dt]['tokens']:>14,.0f}")
     if args.only in (None, "accuracy"):
-        acc = measure_accuracy(args.train)
+        acc = measure_accuracy(args.train, args.score)
         if acc is not None:
             out["accuracy"] = acc
     out["load_after"] = os.getloadavg()
