@@ -42,8 +42,12 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from layerbank.cache.lock import DataDirBusy, DataDirLock
-    from layerbank.cache.repair import (PostgresDirectory, refuse_postgres_directory, check_catalog,
-                                        repair_catalog)
+    from layerbank.cache.repair import (
+        PostgresDirectory,
+        check_catalog,
+        refuse_postgres_directory,
+        repair_catalog,
+    )
 
     settings = settings_from(args)
     data_dir, url = settings.data_dir, settings.catalog_url

@@ -33,11 +33,11 @@ from layerbank.app.cli.common import fail, through_a_server
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import View
-from layerbank.settings import Settings
 from layerbank.workers.extract import ExtractSummary
 from layerbank.workers.known_model import ModelRef, known_model
 from layerbank.workers.model_source import ModelLoadError, ModelSource, locate_model
 
+from layerbank.settings import Settings
 __all__ = ["StoreFirst", "locate"]
 
 
@@ -63,7 +63,7 @@ class StoreFirst:
         self._lock = lock
 
     @classmethod
-    def open(cls, settings: Settings, source: ModelSource, *, url_flag: bool = False) -> "StoreFirst":
+    def open(cls, settings: Settings, source: ModelSource, *, url_flag: bool = False) -> StoreFirst:
         """``url_flag``: the command takes ``--url``, and its refusal of a held directory says so."""
         try:
             lock = hold_data_dir(settings.data_dir)
@@ -120,7 +120,7 @@ class StoreFirst:
         self.store.close()
         self._lock.release()
 
-    def __enter__(self) -> "StoreFirst":
+    def __enter__(self) -> StoreFirst:
         return self
 
     def __exit__(self, *exc: object) -> None:
