@@ -16,6 +16,11 @@ and issue 18's rows (fp32, CPU; bench/engine_peers.py):
 (e) ``layerbank onnx``: (a) with the ONNX Runtime engine (workers/engines/onnx.py);
 (f) ``layerbank oneDNN``: (a) with every ``nn.Linear`` sent through oneDNN;
 (g) ``layerbank compile``: (a) on ``torch.compile(dynamic=True)`` (``--no-compile`` skips it).
+and issue 28's bf16 peers, when ``--precision`` names bf16:
+(h) ``hf-sorted bf16``: (d) under ``torch.autocast("cpu", dtype=torch.bfloat16)``;
+(i) ``sentence-transformers bf16``: (c) with its weights cast to bfloat16.
+Their bound is the bf16 matrix product of the model's shapes (``bf16 matmul bound``).
+Targets of issue 28: layerbank bf16 >= 1.2x (h) and >= 35% of the bf16 bound.
 Targets of issue 18: (e)/(a) >= 1.8 and (e)/(d) >= 1.7. The fp32 compute bound
 is taken against the fastest of torch's BLAS, oneDNN and ONNX Runtime on the
 model's matrix shapes, each printed.
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -94,11 +100,13 @@ def hf_loop_run(texts: list[str], model: Any, tok: Any, device: torch.device, pr
     return run
 
 
-def st_run(texts: list[str], model_dir: str, device: torch.device, real_tokens: int
-           ) -> Callable[[], dict[str, Any]]:
+def st_run(texts: list[str], model_dir: str, device: torch.device, real_tokens: int,
+           dtype: torch.dtype | None = None) -> Callable[[], dict[str, Any]]:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(model_dir, device=str(device))
+    if dtype is not None:  # issue 28's peer: every weight in bfloat16, no autocast
+        st.to(dtype)
 
     def run() -> dict[str, Any]:
         c0, t0 = time.process_time(), time.perf_counter()
@@ -109,6 +117,38 @@ def st_run(texts: list[str], model_dir: str, device: torch.device, real_tokens: 
         got = sum(int(o.shape[0]) for o in out)
         return {"tokens_per_second": real_tokens / dt, "seconds": dt, "tokens_per_cpu_second": real_tokens / cpu,
                 "tokens_returned": got}
+    return run
+
+
+def sorted_autocast_run(texts: list[str], model: Any, tok: Any, real_tokens: int, max_length: int,
+                        dtype: torch.dtype) -> Callable[[], dict[str, Any]]:
+    """(h): the length-sorted loop (bench/engine_peers.sorted_loop_run), batches of 32,
+    under autocast; pooled in float32 like layerbank's rows."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    ordered = [texts[i] for i in order]
+
+    @torch.inference_mode()
+    def run() -> dict[str, Any]:
+        c0, t0 = time.process_time(), time.perf_counter()
+        for i in range(0, len(ordered), 32):
+            b = tok(ordered[i:i + 32], padding=True, truncation=True, max_length=max_length,
+                    return_tensors="pt")
+            with torch.autocast("cpu", dtype=dtype):
+                out = model(**b, output_hidden_states=True)
+            m = b["attention_mask"][:, :, None].float()
+            torch.stack([(h.float() * m).sum(1) / m.sum(1) for h in out.hidden_states], 1).numpy()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"tokens_per_second": real_tokens / dt, "seconds": dt,
+                "tokens_per_cpu_second": real_tokens / cpu}
+    return run
+
+
+def with_load(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """``fn`` whose result also carries the 1-minute load average at its end (a shared machine)."""
+    def run() -> dict[str, Any]:
+        res = fn()
+        res["load"] = os.getloadavg()[0]
+        return res
     return run
 
 
@@ -190,6 +230,11 @@ def main() -> None:
                                               int(enc0.config.max_length or 512))
     if not args.no_st:
         runs["sentence-transformers fp32"] = st_run(texts, model_dir, device, real)
+    if "bf16" in precisions and device.type == "cpu":  # issue 28's bf16 peers
+        runs["hf-sorted bf16"] = sorted_autocast_run(texts, hf_model, hf_tok, real,
+                                                     int(enc0.config.max_length or 512), torch.bfloat16)
+        if not args.no_st:
+            runs["sentence-transformers bf16"] = st_run(texts, model_dir, device, real, torch.bfloat16)
     compile_seconds = None
     if "fp32" in precisions and device.type == "cpu" and not args.no_peers:
         max_len = int(enc0.config.max_length or 512)
@@ -234,12 +279,14 @@ def main() -> None:
 
     measure_peak()
     print(f"\nalternating runs, best of {args.rounds}:")
-    best = alternate(runs, args.rounds)
+    best = alternate({k: with_load(fn) for k, fn in runs.items()}, args.rounds)
     measure_peak()
 
     if libraries:
         print("\nfp32 matrix products of the model's shapes, best of each library (GFLOP/s): " + ", ".join(
             f"{lib} {v / 1e9:,.0f}" for lib, v in libraries.items()) + "; the bound below uses the fastest")
+    print("\nbf16 / fp32 matrix products of the model's shapes (GFLOP/s): " + ", ".join(
+        f"{prec} {v / 1e9:,.0f}" for prec, v in peak.items()) + f"; load {os.getloadavg()[0]:.1f}")
     print("\nresults (real tokens per second, best round; vs layerbank = over layerbank fp32):")
     base_tps = best[f"layerbank {precisions[0]}"]["tokens_per_second"]
     for name, r in best.items():
@@ -247,7 +294,8 @@ def main() -> None:
         bound = real / (flops / peak[prec])
         r["compute_bound_fraction"] = r["tokens_per_second"] / bound
         print(f"  {name:<28} {r['tokens_per_second']:>10,.0f} tok/s   {r['tokens_per_second'] / base_tps:5.2f}x   "
-              f"{r['compute_bound_fraction']:.0%} of the {prec} matmul bound ({bound:,.0f} tok/s)")
+              f"{r['compute_bound_fraction']:.0%} of the {prec} matmul bound ({bound:,.0f} tok/s); "
+              f"median {np.median(r['all']):,.0f}, load {r.get('load', 0):.1f}")
     ratios: dict[str, float] = {}
     for prec in precisions:
         a = best[f"layerbank {prec}"]["tokens_per_second"]
@@ -255,6 +303,14 @@ def main() -> None:
         if not args.no_st and prec == "fp32":
             ratios["layerbank/sentence-transformers fp32"] = (
                 a / best["sentence-transformers fp32"]["tokens_per_second"])
+    if "hf-sorted bf16" in best:  # issue 28's targets: >= 1.2, and >= 35% of the bf16 bound
+        med = {k: float(np.median(best[k]["all"])) for k in best}
+        ratios["layerbank/hf-sorted bf16"] = best["layerbank bf16"]["tokens_per_second"] / (
+            best["hf-sorted bf16"]["tokens_per_second"])
+        ratios["layerbank/hf-sorted bf16 (medians)"] = med["layerbank bf16"] / med["hf-sorted bf16"]
+        if "sentence-transformers bf16" in best:
+            ratios["layerbank/sentence-transformers bf16 (medians)"] = (
+                med["layerbank bf16"] / med["sentence-transformers bf16"])
     if "layerbank onnx fp32" in best:  # issue 18's targets: >= 1.8 and >= 1.7
         onnx_tps = best["layerbank onnx fp32"]["tokens_per_second"]
         ratios["layerbank onnx/layerbank fp32"] = onnx_tps / best["layerbank fp32"]["tokens_per_second"]
@@ -269,6 +325,8 @@ def main() -> None:
     cpu_ratios = {}
     for prec in precisions:
         cpu_ratios[f"layerbank/hf-loop {prec}"] = cpu_med[f"layerbank {prec}"] / cpu_med[f"hf-loop {prec}"]
+    if "hf-sorted bf16" in cpu_med:
+        cpu_ratios["layerbank/hf-sorted bf16"] = cpu_med["layerbank bf16"] / cpu_med["hf-sorted bf16"]
     if "layerbank onnx fp32" in cpu_med:
         cpu_ratios["layerbank onnx/layerbank fp32"] = cpu_med["layerbank onnx fp32"] / cpu_med["layerbank fp32"]
         cpu_ratios["layerbank onnx/hf-sorted fp32"] = cpu_med["layerbank onnx fp32"] / cpu_med["hf-sorted fp32"]

@@ -41,7 +41,8 @@ from layerbank.cache.shard import TokenRows
 
 from .long_texts import head_for_tokens
 from .pooling import pool_hidden_states
-from .precision import autocast_dtype, precision_table, resolve_precision, speed_warning
+from .precision import (autocast_dtype, cast_linear_weights_once, precision_table, resolve_precision,
+                        speed_warning)
 # defined without torch, so the command line can fail on a missing model before importing torch
 from .model_source import ModelLoadError, locate_model, recipe_directory
 from .model_pool import own_weights
@@ -231,6 +232,8 @@ class Encoder:
         dtype = autocast_dtype(self.config.precision)
         if dtype is None:
             return contextlib.nullcontext()
+        if self.engine is None:  # Linear weights cast once, not in every pass (precision.py)
+            cast_linear_weights_once(self.model)
         return torch.autocast(self.device.type, dtype=dtype)
 
     @torch.inference_mode()
