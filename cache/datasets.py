@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .catalog import Catalog
 
@@ -127,10 +128,6 @@ class DatasetStore:
         got = self.get(ds_id)
         assert got is not None
         return got
-
-    def set_job(self, dataset_id: str, job_id: str) -> None:
-        with self.catalog.tx() as db:
-            db.execute("UPDATE datasets SET job_id=? WHERE id=?", (job_id, dataset_id))
 
     def get(self, dataset_id: str) -> Dataset | None:
         r = self.catalog.conn().execute("SELECT * FROM datasets WHERE id=?", (dataset_id,)).fetchone()

@@ -32,7 +32,7 @@ Example::
     'fp32'
     >>> resolve_precision("auto", "cpu", measured="bf16")    # what the calibration found faster
     'bf16'
-    >>> precision_table("cpu", cpu_flags=set())["fp16"] is None   # fp16 needs CUDA
+    >>> precision_table("cpu")["fp16"] is None              # fp16 needs CUDA
     True
 """
 
@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from layerbank.cache.keys import PRECISION_CHOICES  # the one list, torch-free, that the API and CLI read
 
 __all__ = [
@@ -78,14 +79,12 @@ def cpu_has_fast_bf16(flags: set[str] | None = None) -> bool:
     return bool(_FAST_BF16_FLAGS & (cpu_flags() if flags is None else flags))
 
 
-def resolve_precision(precision: str, device: torch.device | str,
-                      cpu_flags: set[str] | None = None, measured: str | None = None) -> str:
+def resolve_precision(precision: str, device: torch.device | str, measured: str | None = None) -> str:
     """Turn a requested mode into one of fp32, bf16, fp16 for this device.
 
     ``measured``: what the calibration chose for ``auto`` on this CPU (None:
-    not measured, fp32). ``cpu_flags`` is accepted for callers that pass it
-    and no longer decides anything. Raises ValueError for an unknown mode
-    and for fp16 off CUDA.
+    not measured, fp32); the CPU's flags decide nothing. Raises ValueError
+    for an unknown mode and for fp16 off CUDA.
     """
     dev = torch.device(device)
     if precision not in PRECISION_CHOICES:
@@ -116,7 +115,7 @@ def speed_warning(precision: str, device: torch.device | str,
     return None
 
 
-def precision_table(device: torch.device | str, cpu_flags: set[str] | None = None) -> dict[str, str | None]:
+def precision_table(device: torch.device | str) -> dict[str, str | None]:
     """What every requestable mode resolves to on this device (None: not available).
 
     The worker publishes this with its model info, so that the API process
@@ -126,7 +125,7 @@ def precision_table(device: torch.device | str, cpu_flags: set[str] | None = Non
     table: dict[str, str | None] = {}
     for mode in PRECISION_CHOICES:
         try:
-            table[mode] = resolve_precision(mode, device, cpu_flags)
+            table[mode] = resolve_precision(mode, device)
         except ValueError:
             table[mode] = None
     return table

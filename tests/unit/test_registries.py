@@ -87,7 +87,7 @@ def test_the_worker_table_and_the_precision_doc_cover_every_mode() -> None:
     from layerbank.workers.precision import precision_table
 
     assert WORKER_CHOICES is PRECISION_CHOICES
-    assert list(precision_table("cpu", cpu_flags=set())) == list(PRECISION_CHOICES)
+    assert list(precision_table("cpu")) == list(PRECISION_CHOICES)
     doc = (DOCS / "precision.md").read_text()
     assert all(f"`{mode}`" in doc for mode in PRECISION_CHOICES), [m for m in PRECISION_CHOICES if f"`{m}`" not in doc]
 

@@ -49,7 +49,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..measured import temp_name
@@ -313,10 +312,3 @@ def _session(path: Path, threads: int | None) -> Any:
     # (workers/__init__.py): on shared cores a spinning thread takes its partner's CPU
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
-
-
-def onnx_versions() -> dict[str, str]:
-    """The library versions an engine timing depends on."""
-    import onnxruntime as ort
-
-    return {"torch": torch.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__}

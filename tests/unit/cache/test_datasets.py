@@ -47,8 +47,6 @@ def test_get_list_delete(ds: DatasetStore) -> None:
     b = ds.create("b", ["y", "z"], model="m", config="{}")
     assert [d.id for d in ds.list()] == [a.id, b.id]
     assert ds.get("ds_a") == a
-    ds.set_job("ds_a", "job-1")
-    assert ds.get("ds_a").job_id == "job-1"  # type: ignore[union-attr]
     assert ds.delete("ds_a") is True
     assert ds.get("ds_a") is None and ds.items("ds_a").texts == []
     assert ds.delete("ds_a") is False

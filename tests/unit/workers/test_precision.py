@@ -1,9 +1,9 @@
 """Precision modes (issue 9): how each mode resolves, that the mode is part of
 the cache key, and how far bf16 rows are from fp32 ones.
 
-CPUs are simulated through ``cpu_flags`` and CUDA through
-``torch.cuda.is_bf16_supported``, so the resolution table is tested whatever
-machine runs the suite. The tolerance test runs the bundled model on a few
+CPUs are simulated through ``speed_warning``'s ``cpu_flags`` (the CPU's flags
+decide nothing else) and CUDA through ``torch.cuda.is_bf16_supported``, so
+the resolution table is tested whatever machine runs the suite. The tolerance test runs the bundled model on a few
 texts (about 2 s): the tolerance it asserts is the one docs/precision.md
 documents.
 """
@@ -29,26 +29,13 @@ BF16_MAX_RELATIVE = 0.02
 BF16_MEDIAN_RELATIVE = 0.005
 
 
-def test_auto_is_fp32_on_a_cpu_without_bf16_instructions() -> None:
-    assert resolve_precision("auto", "cpu", cpu_flags=PLAIN_CPU) == "fp32"
-    assert resolve_precision("auto", "cpu", cpu_flags=set()) == "fp32"
-
-
-def test_auto_on_a_cpu_follows_the_measurement_not_the_flags() -> None:
-    # AMX flags alone no longer make auto bf16: the calibration decides
+def test_auto_on_a_cpu_follows_the_measurement_and_is_fp32_until_measured() -> None:
+    # the CPU's flags (AMX or not) decide nothing: the calibration does
     # (workers/engines/choice.py; tests/unit/workers/test_precision_calibration.py)
-    spr = PLAIN_CPU | {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
-    assert resolve_precision("auto", "cpu", cpu_flags=spr) == "fp32"
-    assert resolve_precision("auto", "cpu", cpu_flags=PLAIN_CPU, measured="bf16") == "bf16"
-    assert resolve_precision("auto", "cpu", cpu_flags=spr, measured="fp32") == "fp32"
-
-
-def test_auto_stays_fp32_on_avx512_bf16_without_amx() -> None:
-    # this development VM: AVX-512 BF16 but the AMX tiles are not exposed, and
-    # bf16 extraction measured slower than fp32 (docs/precision.md)
-    no_amx = PLAIN_CPU | {"avx512_bf16", "avx512_fp16"}
-    assert resolve_precision("auto", "cpu", cpu_flags=no_amx) == "fp32"
-    assert resolve_precision("bf16", "cpu", cpu_flags=no_amx) == "bf16"  # still there when asked
+    assert resolve_precision("auto", "cpu") == "fp32"
+    assert resolve_precision("auto", "cpu", measured="bf16") == "bf16"
+    assert resolve_precision("auto", "cpu", measured="fp32") == "fp32"
+    assert resolve_precision("bf16", "cpu") == "bf16"  # still there when asked
 
 
 def test_bf16_on_a_cpu_without_amx_comes_with_a_speed_warning() -> None:
@@ -63,12 +50,12 @@ def test_bf16_on_a_cpu_without_amx_comes_with_a_speed_warning() -> None:
 
 
 def test_default_is_fp32_on_cpu_even_where_bf16_is_available() -> None:
-    assert resolve_precision("default", "cpu", cpu_flags=PLAIN_CPU | {"amx_bf16"}) == "fp32"
+    assert resolve_precision("default", "cpu") == "fp32"
 
 
 def test_explicit_modes_are_kept_on_cpu_and_fp16_is_refused() -> None:
-    assert resolve_precision("fp32", "cpu", cpu_flags={"amx_bf16"}) == "fp32"
-    assert resolve_precision("bf16", "cpu", cpu_flags=set()) == "bf16"
+    assert resolve_precision("fp32", "cpu") == "fp32"
+    assert resolve_precision("bf16", "cpu") == "bf16"
     with pytest.raises(ValueError, match="precision fp16 needs a CUDA device; on CPU use bf16 or fp32"):
         resolve_precision("fp16", "cpu")
     with pytest.raises(ValueError, match="precision must be one of default, auto, fp32, bf16, fp16, "
@@ -88,7 +75,7 @@ def test_default_and_auto_on_cuda_follow_bfloat16_support(
 
 def test_the_table_says_what_each_mode_becomes_and_the_encoder_publishes_it(
         tiny_encoder: Encoder) -> None:
-    assert precision_table("cpu", cpu_flags=PLAIN_CPU) == {
+    assert precision_table("cpu") == {
         "default": "fp32", "auto": "fp32", "fp32": "fp32", "bf16": "bf16", "fp16": None}
     modes = tiny_encoder.info["precision_modes"]
     assert modes["default"] == modes["fp32"] == "fp32" and modes["fp16"] is None
