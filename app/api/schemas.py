@@ -292,6 +292,7 @@ class InfoOut(BaseModel):
     precision: str | None = Field(description="compute precision of the encoder")
     poolings: list[str]
     views: list[str]
+    heads: list[str] = Field(description="the heads a probe can fit (POST /v1/probes `head`)")
     defaults: dict[str, str]
     limits: dict[str, int | float]
 

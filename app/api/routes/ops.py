@@ -4,7 +4,7 @@
 - ``/ready``: 200 once the catalog is open, a worker is alive and it has
   registered its model; 503 (the error shape, plus the checks) before.
 - ``/info``: the served model (layers, hidden size, dtype, precision),
-  poolings, views, defaults, limits and version.
+  poolings, views, probe heads, defaults, limits and version.
 - ``/metrics``: Prometheus text format (see app/api/metrics.py).
 """
 
@@ -22,6 +22,7 @@ from layerbank.app.api.metrics import CONTENT_TYPE
 from layerbank.app.api.routes.features import json_response
 from layerbank.app.api.schemas import HealthOut, InfoOut, ReadyOut, error_responses
 from layerbank.app.api.served_models import describe_models
+from layerbank.app.probes.head_names import PROBE_HEADS
 from layerbank.cache.views import VIEW_FORMS
 
 __all__ = ["VERSION", "router"]
@@ -89,6 +90,8 @@ async def info(state: AppState = Depends(get_state)) -> Response:
         "models": describe_models(state),
         "poolings": list(s.pooling_names),  # what this server stores and so answers
         "views": list(VIEW_FORMS),
+        # the heads a probe fits (app/probes/head_names.py): the lab's probe form lists these
+        "heads": list(PROBE_HEADS),
         "defaults": {"view": s.default_view, "pooling": s.default_pooling,
                      "description": _describe_default(s.default_view, s.default_pooling)},
         "limits": {"max_texts_per_request": s.max_texts_per_request,

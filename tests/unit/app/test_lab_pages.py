@@ -59,6 +59,17 @@ def test_static_files_carry_their_types_and_name_no_other_host(tiny_api: Any) ->
         assert not urls, (f.name, urls)
 
 
+def test_the_probe_form_lists_the_heads_info_names_not_a_copy(tiny_api: Any) -> None:
+    from layerbank.app.probes.head_names import PROBE_HEADS
+
+    assert tiny_api.client.get("/info").json()["heads"] == list(PROBE_HEADS)
+    page = (resources.files("layerbank.app.api.lab") / "static" / "dataset.js").read_text(encoding="utf-8")
+    assert "info.heads" in page
+    # no head name as a string literal: a new head reaches the form through /info alone
+    quoted = [h for h in PROBE_HEADS if f'"{h}"' in page or f"'{h}'" in page]
+    assert not quoted, quoted
+
+
 def test_with_a_key_the_page_loads_but_its_data_needs_the_key(tiny_api_factory: Any) -> None:
     api = tiny_api_factory(worker=False, api_key="s3cret")  # no worker: /ready would need the key
     c = api.client

@@ -136,7 +136,7 @@ function probeForm(ds, info) {
         p === "mean" || p === "cls"))),
     h("div", { class: "fields" },
       h("label", { for: "probe-head" }, "Head"),
-      h("select", { id: "probe-head", name: "head" }, ["logistic", "ridge", "linear_svm", "mlp", "knn"].map((x) => h("option", { value: x }, x))),
+      h("select", { id: "probe-head", name: "head" }, (info.heads || []).map((x) => h("option", { value: x }, x))),
       h("label", { for: "probe-cv" }, "Folds"),
       h("select", { id: "probe-cv", name: "cv" }, [3, 5, 10].map((x) => h("option", { value: x, selected: x === 5 }, x)))),
     box("control_task", "1", "control task (shuffled labels)", true),
