@@ -267,8 +267,11 @@ def main() -> None:
 
     libraries: dict[str, float] = {}
 
+    # every precision a row was run at (sentence-transformers fp32 runs whatever --precision says)
+    bound_precs = list(dict.fromkeys(precisions + [name.rsplit(" ", 1)[1] for name in runs]))
+
     def measure_peak() -> None:
-        for prec in precisions:
+        for prec in bound_precs:
             dt = autocast_dtype(prec) or torch.float32
             f = matmul_flops_per_second(d, dff, device=args.device, dtype=dt)
             if prec == "fp32" and device.type == "cpu":  # the fastest library, not torch's BLAS alone
