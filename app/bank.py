@@ -147,9 +147,9 @@ class Bank:
         """
         from dataclasses import asdict, replace
 
+        from layerbank.app.probes.common import DEFAULT_VIEWS, model_summary
         from layerbank.app.probes.inputs import check_labels, check_options
         from layerbank.app.probes.options import ProbeOptions
-        from layerbank.app.probes.requests import DEFAULT_VIEWS, model_summary
         from layerbank.app.probes.sentence_probe import probe_sentences
 
         texts, labels = _inputs(texts, labels, text_column, label_column)

@@ -1,7 +1,7 @@
 """The one job runner: claim under a lease, heartbeat, run a handler, record the outcome.
 
 Extraction and regimes jobs (``layerbank.workers.worker``) and probe and head
-jobs (``layerbank.app.probes.jobs``, in a process pool) all run through these
+jobs (``layerbank.app.api.probe_jobs.jobs``, in a process pool) all run through these
 pieces; each side only registers its handlers (kind -> function). Torch-free
 and app-free: only the job table below it.
 

@@ -118,7 +118,7 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(5.0, ge=1, description="an idle kept-alive connection closes after this")
     max_dataset_texts: int = Field(1_000_000, ge=1, description="texts in one dataset (default 1000000)")
     probe_processes: int = Field(1, ge=1, description="processes that run probe, head and regimes jobs")
-    # what one probe, head or regimes job may hold (app/probes/memory_cost.py): a request whose
+    # what one probe, head or regimes job may hold (app/api/probe_jobs/memory_cost.py): a request whose
     # estimate exceeds it is a 413, and each probe process runs under an address-space limit of
     # this plus PROBE_PROCESS_OVERHEAD_MB (imports, allocator slack)
     probe_memory_mb: int = Field(8192, ge=64, description="memory one probe, head or regimes job may "

@@ -160,8 +160,8 @@ def _stored_states(settings: Any, texts: list[str], views: list[str],
                    poolings: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The pooled states of every text and the model summary, when the store holds
     them all; a view the model cannot give is refused here, before anything loads."""
+    from layerbank.app.probes.common import model_summary
     from layerbank.app.probes.inputs import ProbeInputError, expand_views
-    from layerbank.app.probes.requests import model_summary
 
     with StoreFirst.open(settings, locate(settings), url_flag=True) as sf:
         try:
@@ -182,7 +182,7 @@ def _stored_states(settings: Any, texts: list[str], views: list[str],
 
 
 def _model(ex: Any) -> dict[str, Any]:
-    from layerbank.app.probes.requests import model_summary
+    from layerbank.app.probes.common import model_summary
 
     return model_summary(ex.encoder.info, ex.encoder.fingerprint)
 
@@ -294,7 +294,7 @@ def _num(v: float | None) -> str:
 
 
 def _run_token(args: argparse.Namespace) -> int:
-    from layerbank.app.probes.requests import JobInputError, split_sentences
+    from layerbank.app.probes.common import JobInputError, split_sentences
     from layerbank.app.probes.token_probe import run_token_probe
     from layerbank.app.probes.word_features import sentence_texts
     from layerbank.app.probes.wordsets import WordSetError, read_wordset
@@ -376,7 +376,7 @@ def _stored_word_states(settings: Any, texts: list[str], train: list[Any], valid
                         word_mode: str) -> tuple[Any, Any, dict[str, Any]] | None:
     """Word states read from the store when every sentence's token states are there, else None."""
     from layerbank.app.cli.cost import memory_line
-    from layerbank.app.probes.requests import model_summary
+    from layerbank.app.probes.common import model_summary
     from layerbank.app.probes.word_features import word_states
 
     with StoreFirst.open(settings, locate(settings), url_flag=True) as sf:

@@ -1,6 +1,8 @@
-"""The probe engine: heads (scikit-learn contract), scalar mix, logistic fitting, token probes, spans,
-word sets, advice, plots, the probe job runner.
+"""The probe engine as a library: heads (scikit-learn contract), scalar mix, logistic fitting, token
+probes, spans, word sets, advice, plots.
 
-May import numpy, scikit-learn, matplotlib, ``layerbank.cache`` and ``layerbank.app.api``'s errors
-and settings; never torch.
+May import numpy, scikit-learn, matplotlib and ``layerbank.cache``; never torch, and nothing of
+``layerbank.app.api`` (tests/unit/test_import_rules.py): the job plumbing that serves probes over
+HTTP (requests, the process pool, jobs, heads storage) is ``layerbank.app.api.probe_jobs``, so
+``layerbank probe`` builds its result without FastAPI.
 """

@@ -3,7 +3,7 @@
 ``ProbeOptions`` holds the choices a person makes (views, poolings, head,
 folds, seed, control task, learning curve) and the two that only say how to
 run (BLAS ``threads``, parallel ``n_jobs``). The HTTP request model
-(``layerbank.app.probes.requests.ProbeCreate``) checks a request and becomes
+(``layerbank.app.api.probe_jobs.requests.ProbeCreate``) checks a request and becomes
 a job payload; ``from_payload`` turns that payload into these options, so the
 job, the CLI and ``Bank.probe`` hand ``run_probe`` the same object.
 

@@ -367,7 +367,7 @@ def test_compaction_whose_catalog_cannot_grow_leaves_no_shard_and_runs_once_ther
 # -- probe and head jobs at 0 bytes free ---------------------------------------------------------
 # A head writes files; a probe writes only its job and result rows in the catalog, but at 0 bytes
 # free those fit only while SQLite's WAL has room, room that every heartbeat uses up too. So both
-# are refused up front (507, nothing queued) below 1 MiB free (app/probes/service.py
+# are refused up front (507, nothing queued) below 1 MiB free (app/api/probe_jobs/service.py
 # MIN_FREE_BYTES), rather than accepted or refused by a race.
 
 @pytest.mark.sqlite_only  # the race it closes is one for room in SQLite's WAL

@@ -172,7 +172,7 @@ def test_names_ids_and_file_names_never_reach_a_path(rel_server: ServerProcess, 
 
 
 def test_store_and_head_paths_refuse_traversal(tmp_path: Path) -> None:
-    from layerbank.app.probes.heads_store import HeadStore
+    from layerbank.app.api.probe_jobs.heads_store import HeadStore
     from layerbank.cache.keys import ExtractionConfig
     from layerbank.cache.shard import ShardContents
     from layerbank.cache.store import FeatureStore

@@ -8,7 +8,8 @@ Two properties a newcomer relies on when they read the folder names:
 - the rules each package's ``__init__`` states: ``cache`` imports nothing of
   ``layerbank.app`` or ``layerbank.workers``; ``workers`` never imports
   ``layerbank.app``; ``app/api`` (the HTTP layer) never imports torch,
-  transformers or ``layerbank.workers``.
+  transformers or ``layerbank.workers``; ``app/probes`` (the probe engine) imports nothing
+  of ``app/api``.
 """
 
 from __future__ import annotations
@@ -117,6 +118,13 @@ def test_the_http_layer_never_imports_torch_or_workers() -> None:
     assert _violations("layerbank.app.api", ("torch", "transformers", "peft", "layerbank.workers")) == []
 
 
+def test_the_probe_engine_imports_nothing_of_the_http_layer() -> None:
+    # app/probes is a library (science and rendering); the job plumbing that serves it over
+    # HTTP is app/api/probe_jobs, so `layerbank probe` and Bank never load FastAPI through it
+    assert "layerbank.app.api.probe_jobs.requests" in MODULES and "layerbank.app.probes.heads" in MODULES
+    assert _violations("layerbank.app.probes", ("layerbank.app.api",)) == []
+
+
 def test_only_the_command_line_and_the_in_process_bank_run_the_encoder() -> None:
     # app/ is everything above the store; the encoder side is reached only where a
     # user runs it in their own process: the CLI and layerbank.Bank (a notebook)
@@ -154,10 +162,10 @@ ENVIRON_ALLOWED = {
                                 "(tqdm's and Hugging Face's switches, for this process and its children)",
     "layerbank.app.cli.serve": "writes LAYERBANK_CATALOG_URL for the probe processes the API spawns "
                                "(they read it back through layerbank.settings)",
-    "layerbank.app.probes.service": "a probe process's initializer writes BLAS thread counts and its own "
-                                    "memory limit before numpy loads",
-    "layerbank.app.probes.jobs": "reads back the memory limit its own process's initializer wrote, "
-                                 "to name it in a job's error (a note, not a setting)",
+    "layerbank.app.api.probe_jobs.service": "a probe process's initializer writes BLAS thread counts and "
+                                            "its own memory limit before numpy loads",
+    "layerbank.app.api.probe_jobs.jobs": "reads back the memory limit its own process's initializer "
+                                         "wrote, to name it in a job's error (a note, not a setting)",
     "layerbank.workers": "sets OpenMP's and oneDNN's variables before torch loads (theirs, not settings)",
 }
 

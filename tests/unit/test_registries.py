@@ -42,7 +42,7 @@ def test_pooling_schemas_and_settings_list_the_registry() -> None:
     assert _enum(FeaturesRequest, "pooling") == list(POOLING_NAMES)
     assert _enum(EmbeddingsRequest, "pooling") == list(POOLING_NAMES)
     assert _enum(Settings, "default_pooling") == list(POOLING_NAMES)
-    from layerbank.app.probes.requests import ProbeCreate
+    from layerbank.app.api.probe_jobs.requests import ProbeCreate
 
     items = ProbeCreate.model_json_schema()["properties"]["poolings"]
     assert items["items"]["enum"] == list(POOLING_NAMES) and items["maxItems"] == len(POOLING_NAMES)
@@ -143,9 +143,9 @@ def test_every_head_name_builds_a_head_and_nothing_else_does() -> None:
 
 
 def test_head_descriptions_help_and_docs_list_every_head() -> None:
+    from layerbank.app.api.probe_jobs.requests import ProbeCreate
     from layerbank.app.api.routes.heads import HeadCreate
     from layerbank.app.probes.head_names import HEAD_NAMES, PROBE_HEADS
-    from layerbank.app.probes.requests import ProbeCreate
 
     heads_field = HeadCreate.model_json_schema()["properties"]["head"]["description"]
     probe_field = ProbeCreate.model_json_schema()["properties"]["head"]["description"]

@@ -3,7 +3,7 @@
 - ``POST /v1/heads`` ``{"dataset", "view", "pooling", "head", "seed", "name"}``,
   or ``{"probe": id}`` to take the dataset, the best view and pooling and the
   head of a finished probe (any of them can still be given). Queues a
-  ``head`` job (layerbank.app.probes.service) and answers 202 with the head; its
+  ``head`` job (layerbank.app.api.probe_jobs.service) and answers 202 with the head; its
   ``state`` is its job's.
 - ``GET /v1/heads``, ``GET /v1/heads/{id}`` (with ``size_bytes``, the bytes
   of its files, and ``storage``: the head's own size, ``frozen_head_bytes``
@@ -37,18 +37,23 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from layerbank.app.probes.advice import storage_costs
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
-from layerbank.app.probes.head_names import describe
-from layerbank.app.probes.heads_store import HeadRecord
-from layerbank.app.probes.requests import cost_job, ready_dataset
-from layerbank.app.probes.service import ProbeService
-from layerbank.app.api.routes.features import (check_pooling, check_texts, compute_features, json_response,
-                                                 require_json)
+from layerbank.app.api.probe_jobs.heads_store import HeadRecord
+from layerbank.app.api.probe_jobs.requests import cost_job, ready_dataset
+from layerbank.app.api.probe_jobs.service import ProbeService
+from layerbank.app.api.routes.features import (
+    check_pooling,
+    check_texts,
+    compute_features,
+    json_response,
+    require_json,
+)
 from layerbank.app.api.routes.probes import get_service
 from layerbank.app.api.schemas import Pooling, error_responses
 from layerbank.app.api.served_models import ensure_model
+from layerbank.app.probes.advice import storage_costs
+from layerbank.app.probes.head_names import describe
 from layerbank.cache.views import parse_view
 
 __all__ = ["HeadCreate", "PredictRequest", "router"]

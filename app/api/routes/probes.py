@@ -15,8 +15,8 @@
   progress, and the result once it succeeded).
 - ``GET /v1/probes/{id}/plot.png``, ``GET /v1/probes/{id}/learning_curve.png``.
 
-The jobs run in a process pool (layerbank.app.probes.service), started with the app by
-this router's lifespan; requests are checked by layerbank.app.probes.requests; the
+The jobs run in a process pool (layerbank.app.api.probe_jobs.service), started with the app by
+this router's lifespan; requests are checked by layerbank.app.api.probe_jobs.requests; the
 result format is in docs/probes.md.
 
 Example::
@@ -39,8 +39,8 @@ from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, NotFound
-from layerbank.app.probes.requests import ProbeCreate, sentence_payload, token_payload
-from layerbank.app.probes.service import ProbeService
+from layerbank.app.api.probe_jobs.requests import ProbeCreate, sentence_payload, token_payload
+from layerbank.app.api.probe_jobs.service import ProbeService
 from layerbank.app.api.routes.features import json_response, require_json
 from layerbank.app.api.routes.jobs import find_job, job_out
 from layerbank.app.api.schemas import error_responses

@@ -42,8 +42,8 @@ from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput
-from layerbank.app.probes.memory_cost import check_memory, fit_bytes
-from layerbank.app.probes.requests import ready_dataset
+from layerbank.app.api.probe_jobs.memory_cost import check_memory, fit_bytes
+from layerbank.app.api.probe_jobs.requests import ready_dataset
 from layerbank.app.api.routes.features import json_response, require_json
 from layerbank.app.api.routes.jobs import find_job, job_out
 from layerbank.app.api.schemas import error_responses
@@ -149,7 +149,7 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
         raise InvalidInput(f"dataset {ds.id} has a single label ({labels[0]!r}); nothing to learn",
                            field="dataset")
     n_train = _train_split_size(labels, req.split_seed)  # type: ignore[arg-type]  # no None left
-    n_params = int(info.get("n_params") or 0)  # 413 over probe_memory_mb (app/probes/memory_cost.py)
+    n_params = int(info.get("n_params") or 0)  # 413 over probe_memory_mb (app/api/probe_jobs/memory_cost.py)
     check_memory(16 * n_params + fit_bytes(len(labels), int(info["hidden_size"]), classes), state.settings,
                  "this regimes job",
                  f"{n_params} weights trained with Adam, {len(labels)} rows x {classes} classes")

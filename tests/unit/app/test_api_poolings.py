@@ -97,8 +97,8 @@ def test_probes_and_heads_on_a_pooling_the_server_does_not_store_are_422(tiny_ap
 def test_a_probe_job_on_texts_stored_before_its_pooling_says_to_upload_again(tmp_path: Path) -> None:
     import pytest
 
-    from layerbank.app.probes.jobs import _read_states
-    from layerbank.app.probes.requests import JobInputError
+    from layerbank.app.api.probe_jobs.jobs import _read_states
+    from layerbank.app.api.probe_jobs.requests import JobInputError
     from layerbank.cache.keys import ExtractionConfig
     from layerbank.cache.shard import ShardContents
 

@@ -64,7 +64,7 @@ def test_a_body_that_cannot_be_read_is_a_400_in_the_one_error_shape(tiny_api) ->
 
 # -- 2. probe jobs handed back on stop, requeued after a crash ----------------------------
 def test_a_running_probe_job_is_handed_back_when_the_pool_stops(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from layerbank.app.probes import jobs
+    from layerbank.app.api.probe_jobs import jobs
 
     c = api.client
     ds = _dataset(c)
@@ -122,7 +122,7 @@ def test_a_probe_job_whose_process_died_is_requeued_at_lease_expiry_and_succeeds
 
 # -- 3. a head cancelled mid-fit writes no files --------------------------------------------
 def test_a_head_cancelled_while_it_fits_writes_no_files(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from layerbank.app.probes import jobs
+    from layerbank.app.api.probe_jobs import jobs
 
     c = api.client
     ds = _dataset(c)

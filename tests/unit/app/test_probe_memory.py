@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 
-from layerbank.app.probes.memory_cost import probe_bytes
-from layerbank.app.probes.service import PROBE_PROCESS_OVERHEAD_MB, _init_child
+from layerbank.app.api.probe_jobs.memory_cost import probe_bytes
+from layerbank.app.api.probe_jobs.service import PROBE_PROCESS_OVERHEAD_MB, _init_child
 
 WIDE = "layers:" + ",".join(["0,1,2"] * 84)  # 252 entries, as in the request
 

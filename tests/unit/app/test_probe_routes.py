@@ -278,7 +278,7 @@ def test_token_probe_over_http(api) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_cancelled_probe_job_stops_and_is_marked_cancelled(api) -> None:  # type: ignore[no-untyped-def]
-    from layerbank.app.probes.jobs import run_job
+    from layerbank.app.api.probe_jobs.jobs import run_job
     from layerbank.cache.jobs import JobQueue
     from layerbank.cache.store import FeatureStore
 
@@ -303,7 +303,7 @@ def test_a_cancelled_probe_job_stops_and_is_marked_cancelled(api) -> None:  # ty
 
 
 def test_a_job_whose_dataset_vanished_fails_with_the_reason(api) -> None:  # type: ignore[no-untyped-def]
-    from layerbank.app.probes.jobs import run_job
+    from layerbank.app.api.probe_jobs.jobs import run_job
     from layerbank.cache.jobs import JobQueue
     from layerbank.cache.store import FeatureStore
 

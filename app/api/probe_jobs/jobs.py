@@ -1,4 +1,4 @@
-"""What a probe or head job does, in the process that runs it (layerbank.app.probes.service
+"""What a probe or head job does, in the process that runs it (layerbank.app.api.probe_jobs.service
 starts it in a process pool; nothing here touches the event loop).
 
 ``run_job(data_dir, job_id, owner, ...)`` opens the store itself (handles are
@@ -43,15 +43,15 @@ from typing import Any
 
 import numpy as np
 
+from layerbank.app.api.probe_jobs.heads_store import HeadStore
 from layerbank.app.probes.advice import head_bytes
+from layerbank.app.probes.common import JobInputError, model_summary, split_sentences
 from layerbank.app.probes.heads import save_head
-from layerbank.app.probes.heads_store import HeadStore
 from layerbank.app.probes.inputs import check_labels
-from layerbank.app.probes.sentence_probe import probe_sentences
-from layerbank.app.probes.sweep import fit_head
 from layerbank.app.probes.options import ProbeOptions
-from layerbank.app.probes.requests import JobInputError, model_summary, split_sentences
+from layerbank.app.probes.sentence_probe import probe_sentences
 from layerbank.app.probes.spans import is_bio_tag
+from layerbank.app.probes.sweep import fit_head
 from layerbank.app.probes.token_probe import run_token_probe
 from layerbank.app.probes.word_views import word_views
 from layerbank.app.probes.wordsets import TaggedSentence
@@ -128,7 +128,7 @@ def _watch_cancel(queue: JobQueue, job_id: str, done: threading.Event) -> None:
     no flag, and a cancelled job must give its memory back within seconds, not when it ends.
 
     Only in a pool process (``run_job(..., exit_on_cancel=True)``): the pool sees the process
-    gone, finds the job cancelled and makes a fresh pool (app/probes/service.py)."""
+    gone, finds the job cancelled and makes a fresh pool (app/api/probe_jobs/service.py)."""
     while not done.wait(_CANCEL_POLL_S):
         try:
             job = queue.get(job_id)
@@ -177,7 +177,7 @@ def run_job(data_dir: str, job_id: str, owner: str, lease_s: float = 30.0, heart
                 raise JobInputError(f"no probe runner for jobs of kind {job.kind!r}")
             try:
                 return runner(job, store, ctl)
-            except MemoryError as e:  # the process's limit (app/probes/service.py), not the host's
+            except MemoryError as e:  # the process's limit (app/api/probe_jobs/service.py), not the host's
                 raise ProbeOutOfMemory(_memory_message(e)) from None
 
         return run_claimed(queue, job, owner, run, lease, shown=_USER_ERRORS)
@@ -341,6 +341,6 @@ def _input_shape(view: str, states: np.ndarray) -> list[int]:
     return [parse_view(view).output_dim(states.shape[1], states.shape[2])]
 
 
-# kind -> what runs it (the pool in layerbank.app.probes.service claims jobs of these kinds)
+# kind -> what runs it (the pool in layerbank.app.api.probe_jobs.service claims jobs of these kinds)
 RUNNERS: dict[str, Callable[[Job, FeatureStore, _Control], dict[str, Any]]] = {
     "probe": _run_probe, "head": _run_head}

@@ -6,7 +6,7 @@ texts with 2,000 classes grew a probe process from 3.8 to 18.6 GB in 30 s
 feature width, classes, folds, views) against ``settings.probe_memory_mb``; over
 the budget, the request is a 413 naming the estimate, the budget and what
 drives it, and nothing is queued. The pool's processes also run under an
-address-space limit derived from the same budget (app/probes/service.py), so an
+address-space limit derived from the same budget (app/api/probe_jobs/service.py), so an
 estimate that was wrong fails its job instead of exhausting the host.
 
 The estimate (float64, 8 bytes, as the heads compute; the larger of the views,

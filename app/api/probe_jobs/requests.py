@@ -1,5 +1,6 @@
 """What a probe request must satisfy before a job is queued, and the pieces
-the routes, the jobs (app/probes/jobs.py) and the CLI share.
+the routes and the jobs (app/api/probe_jobs/jobs.py) share; what the CLI shares with them
+(defaults, model summary, the seeded split) is app/probes/common.py, re-exported here.
 
 ``sentence_payload(state, req)`` / ``token_payload(state, req)`` check a
 ``ProbeCreate`` against its dataset(s) and the model they were extracted
@@ -19,15 +20,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
 from layerbank.app.api.schemas import Pooling
+from layerbank.app.probes.common import (
+    DEFAULT_TRAIN_SIZES,
+    DEFAULT_VIEWS,
+    MODEL_KEYS,
+    JobInputError,
+    model_summary,
+    split_sentences,
+)
 from layerbank.app.probes.head_names import PROBE_HEADS, describe
-from layerbank.cache.poolings import POOLING_NAMES
 from layerbank.cache.datasets import Dataset
-from layerbank.cache.errors import InputError
+from layerbank.cache.poolings import POOLING_NAMES
 
 if TYPE_CHECKING:
     from layerbank.app.api.deps import AppState
@@ -36,15 +43,8 @@ __all__ = ["DEFAULT_TRAIN_SIZES", "DEFAULT_VIEWS", "MODEL_KEYS", "JobInputError"
            "cost_job", "model_summary", "ready_dataset",
            "sentence_payload", "split_sentences", "token_payload"]
 
-MODEL_KEYS = ("name", "num_layers", "n_hidden_states", "hidden_size", "n_params", "n_bias_params")
-DEFAULT_VIEWS = ["each_layer", "concat_last_4", "sum_last_4", "mean_all", "scalar_mix"]
-DEFAULT_TRAIN_SIZES = [50, 100, 200, 500, 1000]
 _SENTENCE_ONLY = ("poolings", "head", "cv", "learning_curve", "train_sizes")
 _TOKEN_ONLY = ("train", "valid", "valid_fraction", "word_mode", "span_f1")
-
-
-class JobInputError(InputError):
-    """Input a probe job cannot run on: the job's error text (and a 422 when found up front)."""
 
 
 class ProbeCreate(BaseModel):
@@ -76,22 +76,6 @@ class ProbeCreate(BaseModel):
                                                 "sub-token, or the mean of its sub-tokens")
     span_f1: bool | None = Field(None, description="token task: score entity spans (BIO tags); "
                                  "default: when every tag is BIO")
-
-
-def model_summary(info: dict[str, Any] | None, fingerprint: str) -> dict[str, Any]:
-    """What layerbank.app.probes.advice and the result show about the model (the catalog's row)."""
-    info = info or {}
-    return {k: info[k] for k in MODEL_KEYS if k in info} | {"fingerprint": fingerprint}
-
-
-def split_sentences(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split of ``n`` sentences into (train, valid) indices, each sorted."""
-    n_valid = round(n * valid_fraction)
-    if n_valid < 1 or n - n_valid < 1:
-        raise JobInputError(f"valid_fraction {valid_fraction} of {n} sentences leaves "
-                            f"{n - n_valid} for training and {n_valid} for validation; both need one")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
 def ready_dataset(state: AppState, dataset_id: str, field: str) -> tuple[Dataset, dict[str, Any]]:
@@ -190,8 +174,8 @@ def sentence_payload(state: AppState, req: ProbeCreate) -> dict[str, Any]:
 def cost_job(state: AppState, what: str, *, rows: int, n_states: int, hidden: int, classes: int,
              views: list[str]) -> None:
     """413 before anything is queued when the job's memory estimate exceeds the budget
-    (layerbank.app.probes.memory_cost; setting probe_memory_mb)."""
-    from layerbank.app.probes.memory_cost import check_memory, probe_bytes, view_widths
+    (layerbank.app.api.probe_jobs.memory_cost; setting probe_memory_mb)."""
+    from layerbank.app.api.probe_jobs.memory_cost import check_memory, probe_bytes, view_widths
 
     widths = view_widths(views, n_states, hidden)
     need = probe_bytes(rows=rows, n_states=n_states, hidden=hidden, classes=classes, widths=widths)

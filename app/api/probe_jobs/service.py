@@ -4,7 +4,7 @@
 ``submit`` a job (kind ``probe`` or ``head``) to the catalog's job table. A
 dispatcher task on the event loop claims queued jobs of those kinds, under a
 lease, as fast as ``settings.probe_processes`` pool processes free up, and
-hands each to ``layerbank.app.probes.jobs.run_job`` in the pool. The child records the
+hands each to ``layerbank.app.api.probe_jobs.jobs.run_job`` in the pool. The child records the
 outcome on the job row itself (result, error, cancelled); the pool's future
 only tells the dispatcher that a slot is free.
 
@@ -17,17 +17,17 @@ only tells the dispatcher that a slot is free.
   with jobs running has them requeued by the next start
   (``layerbank.cache.runner.release_orphans``, called by the worker and by
   ``start`` here). Claiming is the runner's ``Claimer``; in the child, the
-  lease and the outcome are the runner's too (app/probes/jobs.py).
+  lease and the outcome are the runner's too (app/api/probe_jobs/jobs.py).
 - A pool process that dies (killed, out of memory) breaks the pool: its jobs
   go back to the queue with the attempt counted (``max_attempts`` as for
   extraction) and a fresh pool is made for the next one.
 - Memory: each pool process runs under an address-space limit of
   ``probe_memory_mb`` + ``PROBE_PROCESS_OVERHEAD_MB`` (RLIMIT_AS), so a job
-  that outgrows its budget fails with the reason (app/probes/jobs.py) instead
+  that outgrows its budget fails with the reason (app/api/probe_jobs/jobs.py) instead
   of taking the host's memory; requests are costed before they are queued
-  (app/probes/memory_cost.py).
+  (app/api/probe_jobs/memory_cost.py).
 - Cancelling: a job cancelled while it computes (``DELETE``) is stopped by
-  its own process within about a second (app/probes/jobs.py ends the
+  its own process within about a second (app/api/probe_jobs/jobs.py ends the
   process); the pool is made afresh for the next job.
 - Shutdown: running jobs are handed back to the queue (no attempt counted)
   and the pool's processes are terminated; the next start runs them again.
@@ -57,7 +57,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from layerbank.app.probes.heads_store import HEAD_FILES, HeadStore
+from layerbank.app.api.probe_jobs.heads_store import HEAD_FILES, HeadStore
 from layerbank.cache.outage import OutageWait, catalog_outage
 from layerbank.cache.runner import Claimer, release_orphans
 
@@ -83,7 +83,7 @@ def _init_child(memory_limit_mb: int | None = None) -> None:
 
     ``memory_limit_mb``: the process's address space (RLIMIT_AS), so a job that
     outgrows the budget gets a MemoryError (its job fails with the reason,
-    app/probes/jobs.py) instead of taking the host's memory. With one BLAS thread
+    app/api/probe_jobs/jobs.py) instead of taking the host's memory. With one BLAS thread
     (below), OpenBLAS reserves no per-thread buffers that the limit would break."""
     for var in _CHILD_THREAD_ENV:
         os.environ[var] = "1"
@@ -100,7 +100,7 @@ def _init_child(memory_limit_mb: int | None = None) -> None:
 
 def _run(data_dir: str, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
          parent_pid: int) -> str:
-    from layerbank.app.probes.jobs import run_job  # imported in the child, after _init_child
+    from layerbank.app.api.probe_jobs.jobs import run_job  # imported in the child, after _init_child
 
     # a cancelled job ends its process, but only a pool process (tests run jobs in threads)
     in_child = multiprocessing.parent_process() is not None
@@ -240,7 +240,7 @@ class ProbeService:
         exc = fut.exception() if not fut.cancelled() else None
         job = self.queue.get(job_id) if exc is not None else None
         if exc is not None and job is not None and job.state == "cancelled":
-            # app/probes/jobs.py ends the process of a job cancelled mid-computation
+            # app/api/probe_jobs/jobs.py ends the process of a job cancelled mid-computation
             log.info("job %s cancelled; its probe process was stopped", job_id)
             broken, self._executor = self._executor, None
             if broken is not None:
