@@ -64,10 +64,6 @@ __all__ = [
 LORA_RANK = 8  # REGIMES, TRAINED_REGIMES: layerbank.regime_names (torch-free, shared with the HTTP layer)
 
 
-def _config(model: nn.Module) -> Any:
-    return model.config  # type: ignore[union-attr]  # a transformers PreTrainedModel
-
-
 def _named(model: nn.Module, layout: Layout) -> Iterator[tuple[str, nn.Parameter]]:
     """Every parameter the forward pass uses (the pooler excluded)."""
     return ((n, p) for n, p in model.named_parameters() if layout.place(n)[0] != "unused")
