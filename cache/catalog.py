@@ -24,12 +24,16 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from .poolings import LEGACY_POOLINGS
 from .postgres import INDEX_WRITER_LOCK_SQL, PostgresCatalogDb, is_postgres_url
+
+if TYPE_CHECKING:  # for annotations only: the catalog itself needs no numpy
+    import numpy as np
 
 __all__ = ["CATALOG_URL_ENV", "Catalog", "Entry", "catalog_url", "redacted"]
 
@@ -123,7 +127,7 @@ class Catalog:
             self._local.db = db
         return db
 
-    def tx(self) -> "_Tx":
+    def tx(self) -> _Tx:
         if self._pg is not None:
             return self._pg.tx()  # type: ignore[return-value]
         return _Tx(self.conn())
@@ -139,7 +143,7 @@ class Catalog:
 
     # -- shards and entries ----------------------------------------------
     def commit_shard(self, name: str, model: str, config: str, keys: Sequence[str],
-                     n_tokens: Sequence[int], truncated: Sequence[bool], *,
+                     n_tokens: Sequence[int] | np.ndarray, truncated: Sequence[bool] | np.ndarray, *,
                      has_tokens: bool, n_bytes: int, replaces: Sequence[str] = (),
                      poolings: Sequence[str] | None = None) -> None:
         """Register a durable shard and point its keys at it, atomically.

@@ -28,7 +28,7 @@ directory is fsynced. A crash leaves at most a ``.tmp`` file.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +96,9 @@ class ShardContents:
     keys: list[str]
     n_tokens: np.ndarray
     truncated: np.ndarray
-    pooled: dict[str, np.ndarray | Int8Rows]  # pooling -> [n, H, d] (Int8Rows: as an int8 shard holds them)
+    # pooling -> [n, H, d] (Int8Rows: as an int8 shard holds them); a Mapping so that a
+    # dict[str, np.ndarray] is accepted (dict is invariant in its values)
+    pooled: Mapping[str, np.ndarray | Int8Rows]
     tokens: list[TokenRows] | None = None
     attrs: dict[str, str | int] = field(default_factory=dict)
 

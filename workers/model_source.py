@@ -93,10 +93,10 @@ def locate_model(name_or_path: str | None, *, timeout: float = 3.0) -> ModelSour
         return ModelSource(path, DEFAULT_MODEL_NAME, Path(path))
     name = name_or_path
     if _looks_like_path(name):
-        path = Path(name).expanduser()
-        if not path.is_dir():
+        local = Path(name).expanduser()
+        if not local.is_dir():
             raise ModelLoadError(f"cannot load model {name!r}: there is no model directory at that path")
-        return ModelSource(str(path), name, path)
+        return ModelSource(str(local), name, local)
     return _locate_hub_model(name, timeout)
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,7 @@ class EncoderPool:
                                                max_restarts=0)
         actor = cls.remote(self.spec, str(self.shard_dir), self.max_tokens, self.threads,
                            self.fault)
-        return _Slot(actor, actor.pid.remote())
+        return _Slot(actor, actor.pid.remote())  # type: ignore[attr-defined]  # ray adds .remote at runtime
 
     def pids(self, timeout_s: float = 120.0) -> list[int]:
         """The actors' process ids, waiting for those still loading the model."""
@@ -108,7 +108,7 @@ class EncoderPool:
         return [int(p) for p in ray.get([s.ready_ref for s in self.slots], timeout=timeout_s)]
 
     def run(self, parts: list[dict[str, Any]], want_tokens: bool,
-            tick_s: float) -> Iterator[dict[str, Any] | None]:
+            tick_s: float) -> Generator[dict[str, Any] | None, None, None]:
         """Yield each part's metadata as its shard lands; None every ``tick_s`` without one.
 
         ``parts``: dicts with ``name``, ``keys`` and ``texts``. Leaving the

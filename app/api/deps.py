@@ -116,6 +116,7 @@ class AppState:
         self.host = socket.gethostname()
         self.started = time.time()
         self.worker_restarts = 0  # set by `layerbank serve`'s supervisor
+        self.catalog_problem: str | None = None  # set by the catalog check (app/api/catalog_health.py)
         # filled in by create_app (they need the state)
         self.batcher: Any = None
         self.metrics: Any = None

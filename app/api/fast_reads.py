@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,7 +43,7 @@ class CachedReads:
     """POSTs to the paths of ``answers``: answered from memory when ``answers[path](state,
     body)`` gives bytes; passed on (body replayed) when it gives None."""
 
-    def __init__(self, app: ASGIApp, answers: dict[str, Answer], routes: dict[str, Any] | None = None) -> None:
+    def __init__(self, app: ASGIApp, answers: Mapping[str, Answer], routes: dict[str, Any] | None = None) -> None:
         self.app = app
         self.answers = answers
         self.routes = routes or {}  # path -> its route, for the request timer's label

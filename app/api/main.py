@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.routing import Route
 
 from layerbank.app.api.batcher import Batcher
 from layerbank.app.api.catalog_health import install_catalog_handlers, watch_catalog
@@ -89,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     answers = {"/v1/features": features.cached_answer, "/v1/embeddings": embeddings.cached_answer}
     app.add_middleware(CachedReads, answers=answers,
                        routes={r.path: r for r in (*features.router.routes, *embeddings.router.routes)
-                               if getattr(r, "path", None) in answers})
+                               if isinstance(r, Route) and r.path in answers})  # APIRoute is a Route
     app.add_middleware(BodyLimitGuard, max_bytes=settings.max_body_bytes)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
     if not settings.api_key:  # with a key, a browser can't act for the user anyway
@@ -115,7 +116,7 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
                          max_chars=settings.max_chars_per_text,
                          max_dataset_texts=settings.max_dataset_texts,
                          n_states=None if model is None else model.n_hidden_states,
-                         model_names=None if model is None else model_names(state))
+                         model_names=None if state is None or model is None else model_names(state))
             _document_forbidden(app.openapi_schema)
             made_for[0] = model
         return app.openapi_schema  # type: ignore[return-value]

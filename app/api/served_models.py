@@ -125,7 +125,10 @@ def describe_models(state: AppState) -> list[dict[str, Any]]:
     """``/info``'s ``models``: every served model, the default first, with its shape and
     extraction config once it has been loaded."""
     out: list[dict[str, Any]] = []
-    refs = [(state.model, {"default": True, "loaded": True})] if state.model is not None else []
+    # a row is /info's JSON (mixed values), so dict[str, Any] as in the return type;
+    # the ref is None for a served model not loaded yet
+    refs: list[tuple[ModelRef | None, dict[str, Any]]] = (
+        [(state.model, {"default": True, "loaded": True})] if state.model is not None else [])
     for entry in state.served:
         refs.append((state.models.get(str(entry.get("fingerprint"))),
                      {"name": entry.get("name"), "path": entry.get("path"),

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, get_args, get_origin
 
 from layerbank.settings import Settings, env_name, environment_value
 
@@ -161,7 +161,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     print(f"layerbank: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 

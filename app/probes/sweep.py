@@ -321,7 +321,8 @@ def run_probe(get_states: Callable[[str], np.ndarray], labels: Sequence[Any] | n
                  for spec in specs],
                 y, folds)
             for spec, scores in zip(specs, all_scores):
-                entry = {"view": spec, "pooling": pooling, "layer": single_layer(spec, n_states)}
+                entry: dict[str, Any] = {"view": spec, "pooling": pooling,  # a result row: mixed values
+                                         "layer": single_layer(spec, n_states)}
                 if spec == "scalar_mix":
                     weights = np.array([m.layer_weights_ for m in scores.pop("_models")])
                     full = fit_head(states, y, "scalar_mix", seed=seed, threads=threads)
@@ -395,8 +396,8 @@ def _control_task(states: np.ndarray, y: np.ndarray, best: dict[str, Any], singl
         control = scores["accuracy"]["mean"]
         control_f1 = scores["macro_f1"]["mean"]
         # a learnt mix has no fixed features to code with (as in the sweep)
-        coded = codelength is not None and spec != "scalar_mix"
-        code = codelength(_features(spec, states), y_control) if coded else None
+        code = (codelength(_features(spec, states), y_control)
+                if codelength is not None and spec != "scalar_mix" else None)
         rows.append({"view": spec, "pooling": best["pooling"], "layer": single_layer(spec, states.shape[1]),
                      "task_accuracy": task[spec], "control_accuracy": control,
                      "control_accuracy_std": scores["accuracy"]["std"],

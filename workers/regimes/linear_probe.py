@@ -85,15 +85,16 @@ def _probe_layers(features: np.ndarray, y: np.ndarray, train: np.ndarray, val: n
     pred = clf.predict(scaler.transform(features[test, layer]))
     arrays = {"scaler_mean": scaler.mean_, "scaler_scale": scaler.scale_, "coef": clf.coef_,
               "intercept": clf.intercept_}
+    eval_scores: dict[str, dict[str, float]] = {}
     metrics = {"layer": layer, "val_macro_f1": f1, "val_macro_f1_by_layer": val_f1s,
                "test_accuracy": float(accuracy_score(y[test], pred)),
                "test_macro_f1": float(f1_score(y[test], pred, average="macro")),
                "trainable": int(clf.coef_.size + clf.intercept_.size),
-               "converged": not stopped, "layers_not_converged": stopped, "eval_scores": {}}
+               "converged": not stopped, "layers_not_converged": stopped, "eval_scores": eval_scores}
     for name, (x_eval, y_eval) in evals.items():
         p = clf.predict(scaler.transform(x_eval[:, layer]))
-        metrics["eval_scores"][name] = {"accuracy": float(accuracy_score(y_eval, p)),
-                                        "macro_f1": float(f1_score(y_eval, p, average="macro"))}
+        eval_scores[name] = {"accuracy": float(accuracy_score(y_eval, p)),
+                             "macro_f1": float(f1_score(y_eval, p, average="macro"))}
     stored = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
     metrics["stored_params"] = sum(int(v.size) for v in stored.values())
     return metrics, stored
