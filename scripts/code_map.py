@@ -113,8 +113,8 @@ def block() -> str:
     lines = [START, "", "| module | what it is |", "| --- | --- |"]
     for pkg in sorted(by_pkg, key=_folder):
         for name in sorted(by_pkg[pkg], key=lambda n: (n != pkg, n)):
-            path = mods[name].relative_to(ROOT).as_posix()
-            lines.append(f"| `{path}` | {_summary(mods[name]).replace('|', '/')} |")
+            rel = mods[name].relative_to(ROOT).as_posix()
+            lines.append(f"| `{rel}` | {_summary(mods[name]).replace('|', '/')} |")
     lines += ["", "Package imports, from every `import` in the code (a package -> the packages it imports):", ""]
     for pkg in sorted(by_pkg, key=_folder):
         targets = ", ".join(f"`{_folder(t)}`" for t in sorted(arrows[pkg], key=_folder)) or "nothing of layerbank"
