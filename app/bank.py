@@ -64,7 +64,9 @@ class Bank:
                  precision: str | None = None, max_length: int | None = None,
                  storage_dtype: str | None = None, poolings: str | None = None,
                  threads: int | None = None) -> None:
-        given = {"data_dir": data_dir, "model": model, "device": device, "precision": precision,
+        # Any: each value goes to its own Settings field, checked there; Settings.model_validate
+        # would skip BaseSettings.__init__ and with it the environment's defaults.
+        given: dict[str, Any] = {"data_dir": data_dir, "model": model, "device": device, "precision": precision,
                  "max_length": max_length, "storage_dtype": storage_dtype, "poolings": poolings,
                  "threads": threads, "api_key": api_key}
         self.settings = Settings(**{k: v for k, v in given.items() if v is not None})
@@ -94,7 +96,8 @@ class Bank:
     def shared(cls, data_dir: str | os.PathLike[str] | None = None, model: str | None = None,
                url: str | None = None) -> Bank:
         """This process's open Bank for (data_dir, model, url), opened on first use."""
-        given = {k: v for k, v in (("data_dir", data_dir), ("model", model)) if v is not None}
+        given: dict[str, Any] = {k: v for k, v in (("data_dir", data_dir), ("model", model))
+                                 if v is not None}
         settings = Settings(**given)  # so that the environment's defaults name the same directory
         found = _open.get(_registry_key(settings.data_dir, settings.model, url))
         return found if found is not None else cls(data_dir, model, url=url)
@@ -246,7 +249,7 @@ class Bank:
 
             s = self.settings
             set_threads(s.threads)
-            encoder = Encoder.load(s.model, **s.extraction_options(),  # type: ignore[arg-type]
+            encoder = Encoder.load(s.model, **s.extraction_options(),
                                    data_dir=s.data_dir)
             self._extractor = LocalExtractor.attach(self._open_store(), encoder, self._lock)
             self._model = ModelRef(encoder.name, encoder.fingerprint, encoder.config,

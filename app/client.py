@@ -302,24 +302,24 @@ class Client:
         if no_header:
             data["no_header"] = "true"
         content = p.read_bytes()  # bytes, not a handle: a retried upload sends them again
-        return self.request("POST", "/v1/datasets", data=data,  # type: ignore[no-any-return]
+        return self.request("POST", "/v1/datasets", data=data,
                             files={"file": (p.name, content)})
 
     def datasets(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/datasets")["data"]  # type: ignore[no-any-return]
+        return self.request("GET", "/v1/datasets")["data"]
 
     def dataset(self, dataset: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("GET", f"/v1/datasets/{_id(dataset, 'id')}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/v1/datasets/{_id(dataset, 'id')}")
 
     def delete_dataset(self, dataset: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("DELETE", f"/v1/datasets/{_id(dataset, 'id')}")  # type: ignore[no-any-return]
+        return self.request("DELETE", f"/v1/datasets/{_id(dataset, 'id')}")
 
     def dataset_features(self, dataset: str | dict[str, Any], view: str | None = None,
                          pooling: str | None = None) -> np.ndarray:
         """The dataset's matrix (rows in dataset order), read from the .npy stream."""
         params = {k: v for k, v in (("view", view), ("pooling", pooling)) if v is not None}
         r = self._send("GET", f"/v1/datasets/{_id(dataset, 'id')}/features", params=params)
-        return np.load(io.BytesIO(r.content), allow_pickle=False)  # type: ignore[no-any-return]
+        return np.load(io.BytesIO(r.content), allow_pickle=False)
 
     # -- probes and heads -------------------------------------------------------
     def submit_probe(self, dataset: str | dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
@@ -339,10 +339,10 @@ class Client:
         return {**job["result"], "probe_id": p["id"]}
 
     def probes(self, limit: int = 100) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/probes", params={"limit": limit})["data"]  # type: ignore[no-any-return]
+        return self.request("GET", "/v1/probes", params={"limit": limit})["data"]
 
     def get_probe(self, probe: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("GET", f"/v1/probes/{_id(probe, 'probe_id', 'id')}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/v1/probes/{_id(probe, 'probe_id', 'id')}")
 
     def probe_plot(self, probe: str | dict[str, Any], which: str = "plot") -> bytes:
         """A finished probe's PNG: ``which`` is "plot" or "learning_curve"."""
@@ -370,13 +370,13 @@ class Client:
         return self.get_head(rec)
 
     def heads(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/heads")["data"]  # type: ignore[no-any-return]
+        return self.request("GET", "/v1/heads")["data"]
 
     def get_head(self, head: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("GET", f"/v1/heads/{_id(head, 'id')}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/v1/heads/{_id(head, 'id')}")
 
     def delete_head(self, head: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("DELETE", f"/v1/heads/{_id(head, 'id')}")  # type: ignore[no-any-return]
+        return self.request("DELETE", f"/v1/heads/{_id(head, 'id')}")
 
     def predict(self, head: str | dict[str, Any], texts: Sequence[str]) -> dict[str, Any]:
         """Labels and class probabilities of ``texts``: ``labels`` (list), ``probabilities``
@@ -401,7 +401,7 @@ class Client:
         return {**done["result"], "regimes_id": job["id"]}
 
     def get_regimes(self, regimes: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("GET", f"/v1/regimes/{_id(regimes, 'regimes_id', 'id')}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/v1/regimes/{_id(regimes, 'regimes_id', 'id')}")
 
     def regimes_plot(self, regimes: str | dict[str, Any]) -> bytes:
         return self._send("GET", f"/v1/regimes/{_id(regimes, 'regimes_id', 'id')}/plot.png").content
@@ -411,27 +411,27 @@ class Client:
         probe a head takes its view from): on the server's 409 naming that job while
         it is queued or running, wait for it, then submit once more."""
         try:
-            return self.request(method, path, **kw)  # type: ignore[no-any-return]
+            return self.request(method, path, **kw)
         except ApiError as e:
             body = e.body if isinstance(e.body, dict) else {}
             job_id = body.get("job_id")
             if e.status != 409 or not job_id or body.get("job_state") not in ("queued", "running"):
                 raise  # a failed extraction: the server's message says to upload it again
         self.wait(job_id)
-        return self.request(method, path, **kw)  # type: ignore[no-any-return]
+        return self.request(method, path, **kw)
 
     # -- jobs -------------------------------------------------------------------
     def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit} | ({"state": state} if state else {})
-        return self.request("GET", "/v1/jobs", params=params)["data"]  # type: ignore[no-any-return]
+        return self.request("GET", "/v1/jobs", params=params)["data"]
 
     def job(self, job: str | dict[str, Any]) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{_job_id(job)}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/v1/jobs/{_job_id(job)}")
 
     def cancel(self, job: str | dict[str, Any]) -> dict[str, Any]:
         """Cancel a job (or a dataset's, probe's, head's or regimes' job): a queued one at
         once, a running one at its next step (``cancel_requested``)."""
-        return self.request("DELETE", f"/v1/jobs/{_job_id(job)}")  # type: ignore[no-any-return]
+        return self.request("DELETE", f"/v1/jobs/{_job_id(job)}")
 
     def wait(self, job: str | dict[str, Any], timeout: float | None = None, poll: float = 0.2,
              progress: bool = False, desc: str | None = None) -> dict[str, Any]:
@@ -476,10 +476,10 @@ class Client:
 
     # -- operations -------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        return self.request("GET", "/info")  # type: ignore[no-any-return]
+        return self.request("GET", "/info")
 
     def health(self) -> dict[str, Any]:
-        return self.request("GET", "/health")  # type: ignore[no-any-return]
+        return self.request("GET", "/health")
 
     def ready(self) -> bool:
         """Whether the server answers /ready with 200 (no retry: a 503 is an answer here)."""

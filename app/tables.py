@@ -78,9 +78,9 @@ def _values(obj: Any, kind: str, column: str) -> list[Any]:
     if kind == "pandas":
         col = next(c for c in obj.columns if str(c) == column)
         # object columns keep Python values; .tolist() turns numpy scalars into int/float/bool
-        return obj[col].tolist()  # type: ignore[no-any-return]
+        return obj[col].tolist()
     if kind == "arrow":
-        return obj.column(column).to_pylist()  # type: ignore[no-any-return]
+        return obj.column(column).to_pylist()
     return list(obj[column])  # a Dataset honours its indices (after select/shuffle/filter)
 
 

@@ -129,7 +129,7 @@ class Catalog:
 
     def tx(self) -> _Tx:
         if self._pg is not None:
-            return self._pg.tx()  # type: ignore[return-value]
+            return self._pg.tx()  # type: ignore[return-value]  # same interface as _Tx (duck-typed)
         return _Tx(self.conn())
 
     def close(self) -> None:
@@ -319,7 +319,7 @@ class _Tx:
             self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+    def __exit__(self, exc_type, exc, tb) -> None:
         if self.savepoint is not None:
             if exc_type:
                 self.db.execute(f"ROLLBACK TO {self.savepoint}")

@@ -58,7 +58,7 @@ def compact(store: FeatureStore, *, max_rows: int = 256, target_rows: int = 4096
         for name in names + [""]:  # "" flushes the last batch
             if name:
                 batch.append(name)
-                rows += store.catalog.shard_info(name)["n_rows"]  # type: ignore[index]
+                rows += store.catalog.shard_info(name)["n_rows"]  # type: ignore[index]  # a name the catalog listed
             if batch and (not name or rows >= target_rows):
                 if len(batch) > 1:
                     _merge(store, batch, model, config, poolings, summary)

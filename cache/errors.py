@@ -54,7 +54,7 @@ def failure_type(exc: BaseException) -> str:
     """
     t = getattr(exc, "failure_type", None)
     if t in FAILURE_TYPES:
-        return t  # type: ignore[no-any-return]
+        return t
     from .space import is_disk_full  # a full disk met outside a shard write (the catalog, a head's files)
 
     return "storage" if is_disk_full(exc) else "internal"

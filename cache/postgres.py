@@ -216,7 +216,7 @@ class _Tx:
                 local.conn.execute(f"SAVEPOINT lb_{local.depth}")
         return self.db.session()
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+    def __exit__(self, exc_type, exc, tb) -> None:
         local = self.db._local
         with sqlite_errors():
             if self._ctx is None:  # a savepoint

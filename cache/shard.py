@@ -225,7 +225,7 @@ def _write_tokens(group: h5py.Group, tokens: list[TokenRows], dtype: str) -> Non
         what = f"tokens/layer_{i}"
         states = np.concatenate([t.states[:, i] for t in tokens])
         if all(t.scales is not None for t in tokens):  # quantised per batch already (workers/extract.py)
-            rows: np.ndarray | Int8Rows = Int8Rows(states, np.concatenate([t.scales[:, i] for t in tokens]))  # type: ignore[index]
+            rows: np.ndarray | Int8Rows = Int8Rows(states, np.concatenate([t.scales[:, i] for t in tokens]))  # type: ignore[index]  # all set
         elif states.dtype == np.int8:
             raise ValueError(f"{what}: int8 token states without their scales")
         else:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,7 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from layerbank.cache.keys import PrecisionChoice
 from layerbank.cache.poolings import DEFAULT_POOLINGS, POOLING_NAMES, PoolingName, parse_poolings
 
-__all__ = ["DEFAULT_DATA_DIR", "EMBEDDED_MODEL", "ENV_PREFIX", "Settings", "env_name",
+__all__ = ["DEFAULT_DATA_DIR", "EMBEDDED_MODEL", "ENV_PREFIX", "ExtractionOptions", "Settings", "env_name",
            "environment_value", "setting", "settings_env"]
 
 ENV_PREFIX = "LAYERBANK_"
@@ -189,10 +189,22 @@ class Settings(BaseSettings):
     def pooling_names(self) -> tuple[str, ...]:
         return parse_poolings(self.poolings)
 
-    def extraction_options(self) -> dict[str, object]:
+    def extraction_options(self) -> ExtractionOptions:
         """What the encoder needs to reproduce the same keys (and the poolings it stores)."""
         return {"device": self.device, "precision": self.precision, "max_length": self.max_length,
                 "storage_dtype": self.storage_dtype, "poolings": self.poolings, "engine": self.engine}
+
+
+class ExtractionOptions(TypedDict):
+    """``Settings.extraction_options()``: typed, so that ``**`` of it checks against
+    ``Encoder.load`` and ``LocalExtractor.open``."""
+
+    device: str
+    precision: PrecisionChoice
+    max_length: int | None
+    storage_dtype: Literal["float16", "float32", "int8"]
+    poolings: str
+    engine: Literal["auto", "torch", "onnx"]
 
 
 def env_name(name: str) -> str:

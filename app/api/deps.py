@@ -184,7 +184,7 @@ class AppState:
 
 
 async def get_state(request: Request) -> AppState:
-    return request.app.state.layerbank  # type: ignore[no-any-return]
+    return request.app.state.layerbank
 
 
 async def _send_error(scope: Scope, send: Send, status: int, message: str, type_: str,

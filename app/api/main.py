@@ -119,9 +119,9 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> None:
                          model_names=None if state is None or model is None else model_names(state))
             _document_forbidden(app.openapi_schema)
             made_for[0] = model
-        return app.openapi_schema  # type: ignore[return-value]
+        return app.openapi_schema  # type: ignore[return-value]  # generate() above set it
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise it
 
 
 def _document_forbidden(schema: dict[str, Any] | None) -> None:

@@ -64,9 +64,9 @@ class Metrics:
 
     def bind(self, state: AppState) -> None:
         if self._collector is not None:
-            self.registry.unregister(self._collector)  # type: ignore[arg-type]
+            self.registry.unregister(self._collector)
         self._collector = _CatalogCollector(state)
-        self.registry.register(self._collector)  # type: ignore[arg-type]
+        self.registry.register(self._collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

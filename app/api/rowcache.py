@@ -127,7 +127,7 @@ class RowCache:
                         hits[i][2][variant] = f
                         self.bytes += len(f)
                 self._evict()
-        return frags, [h[1] for h in hits]  # type: ignore[return-value]
+        return frags, [h[1] for h in hits]  # type: ignore[return-value]  # every None in frags was filled
 
     def warm(self, store: FeatureStore, keys: Sequence[str], pooling: str) -> None:
         """Read the keys not in memory yet, in one store read, and keep them."""

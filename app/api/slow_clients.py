@@ -44,7 +44,7 @@ class GuardedH11Protocol(H11Protocol):
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # TCP: a Transport
         super().connection_made(transport)
         self._guard: asyncio.TimerHandle | None = None
         self._guarded_cycle: Any = None

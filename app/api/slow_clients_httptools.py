@@ -34,7 +34,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # TCP: a Transport
         super().connection_made(transport)
         self._guard: asyncio.TimerHandle | None = None
         self._arm(self.header_timeout_s, "its request's headers")

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     replica = settings.catalog_url is not None
     data_dir.mkdir(parents=True, exist_ok=True)
     if replica:
-        _check_postgres(settings.catalog_url)  # type: ignore[arg-type]
+        _check_postgres(settings.catalog_url)  # type: ignore[arg-type]  # replica: the URL is set
     # replicas share the directory: the lock and the start-up clean-up are the SQLite server's
     # alone; beside replicas each worker removes only what no live writer owns (cache/leftovers.py)
     lock = _NoLock() if replica else DataDirLock(data_dir)

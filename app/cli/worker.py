@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(settings.threads)
     try:
-        encoder = Encoder.load(settings.model, **settings.extraction_options(),  # type: ignore[arg-type]
+        encoder = Encoder.load(settings.model, **settings.extraction_options(),
                                data_dir=settings.data_dir)
     except (ModelLoadError, ValueError) as e:
         print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
@@ -135,7 +135,7 @@ def served_models(settings: Settings, encoder: Any, store: Any) -> Any:
     from layerbank.workers.model_source import locate_model
 
     def load(entry: ServedModel) -> Encoder:
-        return Encoder.load(entry.spec, **settings.extraction_options(),  # type: ignore[arg-type]
+        return Encoder.load(entry.spec, **settings.extraction_options(),
                             data_dir=settings.data_dir)
 
     def register(enc: Encoder) -> None:

@@ -59,7 +59,7 @@ def model_label(model: Mapping[str, Any] | str | None) -> str:
 def _boxes(fig: Figure, texts: Sequence[Text]) -> list[Any]:
     if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
         FigureCanvasAgg(fig)
-    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # an Agg canvas (made above) has it
     fig.draw_without_rendering()  # lays out (constrained layout moves the axes) before measuring
     return [t.get_window_extent(renderer) for t in texts]
 

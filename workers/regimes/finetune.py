@@ -131,7 +131,7 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(int(encoder.config.hidden_size), n_classes)  # type: ignore[union-attr,arg-type]
+        self.head = nn.Linear(int(encoder.config.hidden_size), n_classes)  # type: ignore[union-attr,arg-type]  # HF models have .config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
