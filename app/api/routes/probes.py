@@ -68,7 +68,7 @@ router = APIRouter(prefix="/v1", tags=["probes"], lifespan=_lifespan)
 
 
 async def get_service(request: Request) -> ProbeService:
-    return request.app.state.probe_service  # type: ignore[no-any-return]
+    return request.app.state.probe_service
 
 
 # -- answers ------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def check_request(state: AppState, req: RegimesCreate) -> dict[str, Any]:
     if classes < 2:
         raise InvalidInput(f"dataset {ds.id} has a single label ({labels[0]!r}); nothing to learn",
                            field="dataset")
-    n_train = _train_split_size(labels, req.split_seed)  # type: ignore[arg-type]  # no None left
+    n_train = _train_split_size(labels, req.split_seed)
     n_params = int(info.get("n_params") or 0)  # 413 over probe_memory_mb (app/api/probe_jobs/memory_cost.py)
     check_memory(16 * n_params + fit_bytes(len(labels), int(info["hidden_size"]), classes), state.settings,
                  "this regimes job",
