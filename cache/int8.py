@@ -11,6 +11,10 @@ reach 2-10), and one scale for all of them cost the last state 5.7x the error
 (median relative L2 error 4.1% against 0.72% on SST-2 sentences, mean pooling), for
 4 bytes a state saved.
 
+Not for every feature: where a hidden state is nearly the same vector for every text
+(all-MiniLM-L6-v2's ``cls`` of its inner layers), the rounding noise is as large as the
+differences between texts and a probe loses 8-20 points (docs/storage.md, "int8").
+
 Example::
 
     rows = quantize(pooled)            # [n, H, d] float32 -> Int8Rows(q [n, H, d], scale [n, H])
