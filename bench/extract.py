@@ -61,9 +61,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (AGNEWS, ROOT, alternate, bert_flops_per_text, environment,
-                    load_model_path, matmul_flops_per_second, quiet_transformers, read_tsv,
-                    time_extraction, write_json)
+import numpy as np
+import torch
+from common import (
+    AGNEWS,
+    ROOT,
+    alternate,
+    bert_flops_per_text,
+    environment,
+    load_model_path,
+    matmul_flops_per_second,
+    quiet_transformers,
+    read_tsv,
+    time_extraction,
+    write_json,
+)
+from engine_peers import matmul_bounds, onednn_linear, sorted_loop_run
 
 # repo modules before numpy/torch: importing workers sets the OpenMP and oneDNN
 # defaults (workers/__init__.py), which only work before torch loads
@@ -71,10 +84,6 @@ from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder, set_threads
 from layerbank.workers.extract import extract
 from layerbank.workers.precision import autocast_dtype
-from engine_peers import matmul_bounds, onednn_linear, sorted_loop_run
-
-import numpy as np
-import torch
 
 
 def hf_loop_run(texts: list[str], model: Any, tok: Any, device: torch.device, precision: str,

@@ -54,13 +54,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
 from layerbank.app.probes.token_probe import run_token_probe
 from layerbank.app.probes.word_features import sentence_texts, uncovered_words
 from layerbank.app.probes.word_views import word_views
 from layerbank.app.probes.wordsets import read_wordset
 from layerbank.cache.store import FeatureStore
-
-from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
 
 DATA = SHARED / "conll2003"
 

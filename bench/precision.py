@@ -34,9 +34,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (AGNEWS, ROOT, SST2_TEST, alternate, environment, load_model_path,
-                    matmul_flops_per_second, quiet_transformers, read_tsv, time_extraction,
-                    write_json)
+import numpy as np
+import torch
+from common import (
+    AGNEWS,
+    ROOT,
+    SST2_TEST,
+    alternate,
+    environment,
+    load_model_path,
+    matmul_flops_per_second,
+    quiet_transformers,
+    read_tsv,
+    time_extraction,
+    write_json,
+)
 
 # repo modules before numpy/torch: importing workers sets the OpenMP and oneDNN
 # defaults (workers/__init__.py), which only work before torch loads
@@ -45,9 +57,6 @@ from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder, set_threads
 from layerbank.workers.extract import extract
 from layerbank.workers.precision import autocast_dtype, cpu_flags, cpu_has_fast_bf16
-
-import numpy as np
-import torch
 
 
 def stored_rows(texts: list[str], encoders: dict[str, Encoder]) -> dict[str, dict[str, np.ndarray]]:

@@ -99,10 +99,9 @@ def sweep(data_dir: Path, texts: list[str], labels: list[str], threads: int) -> 
 def mdl_columns(store: Any, keys: Any, labels: list[str]) -> dict[str, Any]:
     """Online codelength (Voita & Titov 2020) per hidden state and pooling, and what it cost."""
     import numpy as np
+    from threadpoolctl import threadpool_limits
 
     from layerbank.app.probes.mdl import online_codelength
-
-    from threadpoolctl import threadpool_limits
 
     classes, y = np.unique(np.asarray(labels), return_inverse=True)
     out: dict[str, Any] = {"views": {}}

@@ -52,11 +52,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
+
 from layerbank.cache.store import FeatureStore
 from layerbank.workers.backends import make_backend
 from layerbank.workers.encoder import Encoder, set_threads
-
-from common import SHARED, require_data  # the full data sets: ../shared/data, checked when opened
 
 DATA = SHARED / "agnews" / "dev.tsv"
 

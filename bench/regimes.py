@@ -85,8 +85,8 @@ def main() -> None:
 
     import torch
 
-    from layerbank.workers.regimes.run import run_regimes
     from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
+    from layerbank.workers.regimes.run import run_regimes
 
     torch.set_num_threads(args.threads)
     if args.curve:  # one size unless asked, the two regimes the curve needs, nothing shifted unless asked

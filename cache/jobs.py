@@ -26,8 +26,9 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .catalog import Catalog
 from .migrations import migrate
@@ -240,7 +241,7 @@ class JobQueue:
                        "info=excluded.info, last_seen=excluded.last_seen",
                        (worker_id, pid, json.dumps(info), time.time()))
 
-    def live_workers(self, within_s: float) -> "builtins.list[dict[str, Any]]":
+    def live_workers(self, within_s: float) -> builtins.list[dict[str, Any]]:
         rows = self.catalog.conn().execute("SELECT id, pid, info, last_seen FROM workers "
                                            "WHERE last_seen > ?", (time.time() - within_s,))
         return [{"id": i, "pid": p, **json.loads(info), "last_seen": t} for i, p, info, t in rows]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
 __all__ = ["ExtractionConfig", "text_key", "STORAGE_DTYPES", "PRECISIONS", "PRECISION_CHOICES",
@@ -58,7 +58,7 @@ class ExtractionConfig:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "ExtractionConfig":
+    def from_json(cls, text: str) -> ExtractionConfig:
         return cls(**json.loads(text))
 
 

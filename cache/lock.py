@@ -22,7 +22,7 @@ class DataDirLock:
         self.path = Path(data_dir) / "layerbank.lock"
         self._fd: int | None = None
 
-    def acquire(self) -> "DataDirLock":
+    def acquire(self) -> DataDirLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -44,7 +44,7 @@ class DataDirLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "DataDirLock":
+    def __enter__(self) -> DataDirLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

@@ -48,7 +48,8 @@ import re
 import sqlite3
 import threading
 import zlib
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 
@@ -156,7 +157,7 @@ class Session:
     ``execute``/``executemany``/``executescript``, on this thread's transaction
     when one is open, else on a connection borrowed for the one statement."""
 
-    def __init__(self, db: "PostgresCatalogDb") -> None:
+    def __init__(self, db: PostgresCatalogDb) -> None:
         self.db = db
 
     @property
@@ -195,7 +196,7 @@ class _Tx:
     """``with db.tx() as c``: BEGIN … COMMIT on one pooled connection, ROLLBACK on
     error; nested on the same thread, a savepoint (as cache/catalog.py's on SQLite)."""
 
-    def __init__(self, db: "PostgresCatalogDb") -> None:
+    def __init__(self, db: PostgresCatalogDb) -> None:
         self.db = db
         self._ctx: Any = None
 
@@ -236,11 +237,11 @@ class _Tx:
 
 # one pool per process and URL, shared by every Catalog opened on it (the API opens
 # several); keyed by pid too, so a forked child never talks on its parent's sockets
-_pools: dict[tuple[int, str], "ConnectionPool"] = {}
+_pools: dict[tuple[int, str], ConnectionPool] = {}
 _pools_lock = threading.Lock()
 
 
-def _pool_for(url: str, max_size: int, timeout_s: float) -> "ConnectionPool":
+def _pool_for(url: str, max_size: int, timeout_s: float) -> ConnectionPool:
     from psycopg_pool import ConnectionPool
 
     key = (os.getpid(), url)
@@ -305,7 +306,7 @@ class PostgresCatalogDb:
         self.pool  # noqa: B018  (connect now: a wrong URL fails here, not at the first request)
 
     @property
-    def pool(self) -> "ConnectionPool":
+    def pool(self) -> ConnectionPool:
         # every statement asks: skip the registry's lock while the pool we hold is open
         # (closed by close_pools, or inherited across a fork: look it up again)
         pool = self._pool

@@ -61,7 +61,7 @@ class PostgresServer:
                               check=True)
 
     @classmethod
-    def start(cls, root: Path) -> "PostgresServer":
+    def start(cls, root: Path) -> PostgresServer:
         bin_dir = find_bin_dir()
         if bin_dir is None:
             raise RuntimeError("PostgreSQL is not installed (Debian: apt-get install postgresql; "

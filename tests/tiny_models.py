@@ -20,8 +20,9 @@ __all__ = ["save_tiny_bert"]
 def save_tiny_bert(out: Path, *, seed: int, hidden: int, layers: int) -> str:
     """A random ``BertModel`` with the bundled model's tokenizer, saved to ``out``."""
     import torch
-    from layerbank.cache.fingerprint import default_model_path
     from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from layerbank.cache.fingerprint import default_model_path
 
     tok = AutoTokenizer.from_pretrained(default_model_path(), use_fast=True)
     config = BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,

@@ -40,12 +40,18 @@ from layerbank.cache.sentence_recipe import read_recipe
 from layerbank.cache.shard import TokenRows
 
 from .long_texts import head_for_tokens
-from .pooling import pool_hidden_states
-from .precision import (autocast_dtype, cast_linear_weights_once, precision_table, resolve_precision,
-                        speed_warning)
+from .model_pool import own_weights
+
 # defined without torch, so the command line can fail on a missing model before importing torch
 from .model_source import ModelLoadError, locate_model, recipe_directory
-from .model_pool import own_weights
+from .pooling import pool_hidden_states
+from .precision import (
+    autocast_dtype,
+    cast_linear_weights_once,
+    precision_table,
+    resolve_precision,
+    speed_warning,
+)
 
 __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
 

@@ -11,7 +11,8 @@ Example::
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class LocalExtractor:
     def open(cls, data_dir: Any, *, model: str | None = None, device: str = "auto",
              precision: str = "default", max_length: int | None = None,
              storage_dtype: str = "float16", threads: int | None = None,
-             poolings: str = DEFAULT_POOLINGS, engine: str = "auto") -> "LocalExtractor":
+             poolings: str = DEFAULT_POOLINGS, engine: str = "auto") -> LocalExtractor:
         lock = hold_data_dir(data_dir)
         try:
             set_threads(threads)
@@ -49,7 +50,7 @@ class LocalExtractor:
             raise
 
     @classmethod
-    def attach(cls, store: FeatureStore, encoder: Encoder, lock: DataDirLock) -> "LocalExtractor":
+    def attach(cls, store: FeatureStore, encoder: Encoder, lock: DataDirLock) -> LocalExtractor:
         """An extractor over a store whose directory ``lock`` already holds
         (layerbank.app.bank loads the encoder only once something is missing);
         registers the model so that readers can make its keys without torch."""
@@ -98,7 +99,7 @@ class LocalExtractor:
         self.store.close()
         self._lock.release()
 
-    def __enter__(self) -> "LocalExtractor":
+    def __enter__(self) -> LocalExtractor:
         return self
 
     def __exit__(self, *exc: object) -> None:

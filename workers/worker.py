@@ -62,9 +62,16 @@ from layerbank.cache.store import FeatureStore
 
 from .backends import EmbeddedBackend, ExtractionBackend
 from .encoder import Encoder, ModelLoadError
+from .jobs_registry import (
+    ENCODE_PRIORITY,
+    JOB_KINDS,
+    KIND_MODULES,
+    URGENT_KINDS,
+    JobContext,
+    JobError,
+    register_kind,
+)
 from .model_pool import ModelChanged, ModelPool, UnknownModel
-from .jobs_registry import (ENCODE_PRIORITY, JOB_KINDS, KIND_MODULES, URGENT_KINDS, JobContext, JobError,
-                            register_kind)
 
 __all__ = [
     "ENCODE_PRIORITY",

@@ -37,11 +37,21 @@ from layerbank.app.api.fast_reads import CachedReads
 from layerbank.app.api.lab import LabPages
 from layerbank.app.api.metrics import Metrics, RequestTimer
 from layerbank.app.api.origin import OriginGuard, allowed_host_names
-from layerbank.app.api.routes import (dataset_stats, datasets, docs, embeddings, features, heads, jobs, ops,
-                                      probes, regimes)
+from layerbank.app.api.routes import (
+    dataset_stats,
+    datasets,
+    docs,
+    embeddings,
+    features,
+    heads,
+    jobs,
+    ops,
+    probes,
+    regimes,
+)
 from layerbank.app.api.schemas import apply_limits
-from layerbank.app.api.settings import Settings, get_settings
 from layerbank.app.api.served_models import model_names
+from layerbank.app.api.settings import Settings, get_settings
 
 __all__ = ["create_app"]
 

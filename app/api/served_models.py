@@ -30,11 +30,12 @@ import os
 import time
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from layerbank.app.api.batcher import ENCODE_PRIORITY
 from layerbank.app.api.deps import AppState, ModelRef
 from layerbank.app.api.embedding_recipe import describe as describe_embeddings
 from layerbank.app.api.errors import InvalidInput, NotReady, Timeout, job_failure
-from starlette.concurrency import run_in_threadpool
 
 __all__ = ["describe_models", "ensure_model", "find_model", "model_names"]
 

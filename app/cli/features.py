@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from layerbank.app.cli.common import (
     add_common_flags,
     add_flag,

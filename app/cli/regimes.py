@@ -157,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
     if len(labels) != len(table.texts) or any(label is None or label == "" for label in labels):
         fail(f"{args.file}: some texts have no label in column {args.label_column!r}")
     eval_sets = _eval_sets(args)
-    from layerbank.workers.regimes.run import run_regimes  # imports torch only when run
     from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
     from layerbank.workers.regimes.resources import Cancelled
+    from layerbank.workers.regimes.run import run_regimes  # imports torch only when run
 
     run_id = "cli-" + uuid.uuid4().hex[:10]
     bar = ProgressBar(not args.no_progress, "epoch")

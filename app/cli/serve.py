@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
              "--insecure to do it anyway")
     _few_malloc_arenas()
     import uvicorn
+
     from layerbank.app.api.main import create_app
     from layerbank.app.api.slow_clients import server_config
     from layerbank.app.cli.worker_process import WorkerSupervisor

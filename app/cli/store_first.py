@@ -33,11 +33,11 @@ from layerbank.app.cli.common import fail, through_a_server
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import View
+from layerbank.settings import Settings
 from layerbank.workers.extract import ExtractSummary
 from layerbank.workers.known_model import ModelRef, known_model
 from layerbank.workers.model_source import ModelLoadError, ModelSource, locate_model
 
-from layerbank.settings import Settings
 __all__ = ["StoreFirst", "locate"]
 
 

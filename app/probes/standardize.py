@@ -68,7 +68,7 @@ class Standardizer:
             self.storage_dtype = np.dtype(np.float16)
         self.dtype = np.dtype(dtype)
 
-    def fit(self, X: np.ndarray) -> "Standardizer":
+    def fit(self, X: np.ndarray) -> Standardizer:
         X = np.asarray(X)
         mean, std = _mean_std(X)
         step = np.spacing(np.abs(mean).astype(self.storage_dtype)).astype(np.float64)
@@ -118,7 +118,7 @@ class NoiseAwareScaler(TransformerMixin, BaseEstimator):
         self.storage_dtype = storage_dtype
         self.dtype = dtype
 
-    def fit(self, X: np.ndarray, y: Any = None) -> "NoiseAwareScaler":
+    def fit(self, X: np.ndarray, y: Any = None) -> NoiseAwareScaler:
         self.standardizer_ = Standardizer(self.storage_dtype, self.dtype).fit(X)
         self.n_dropped_ = self.standardizer_.n_dropped
         self.n_features_in_ = np.asarray(X).shape[1]

@@ -58,8 +58,6 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 from threadpoolctl import threadpool_limits
 
 from layerbank.app.probes.heads import make_head
-from layerbank.app.probes.options import ProbeOptions
-from layerbank.app.probes.mdl import online_codelength
 from layerbank.app.probes.inputs import (
     ProbeInputError,
     check_labels,
@@ -68,6 +66,8 @@ from layerbank.app.probes.inputs import (
     expand_views,
     single_layer,
 )
+from layerbank.app.probes.mdl import online_codelength
+from layerbank.app.probes.options import ProbeOptions
 from layerbank.app.probes.scalar_mix import ScalarMixHead, weighted_view_spec
 from layerbank.cache.views import parse_view
 

@@ -77,7 +77,7 @@ class LazyWordStates:
         return int(self._starts[-1]), self.n_hidden_states, self.hidden_size
 
     @property
-    def states(self) -> "LazyWordStates":
+    def states(self) -> LazyWordStates:
         # what WordStatesLike readers look at; run_token_probe checks for view_matrix
         return self
 

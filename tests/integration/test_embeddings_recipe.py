@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import openai
 import pytest
+
 from layerbank.cache.fingerprint import default_model_path
 
 from .conftest import ServerProcess, sst_sentences

@@ -25,7 +25,6 @@ from layerbank.cache.fingerprint import default_model_path, model_fingerprint
 from layerbank.cache.keys import ExtractionConfig, text_key
 from layerbank.cache.store import FeatureStore
 from layerbank.cache.views import parse_view
-
 from tests.data_paths import SST2 as SST2_DIR
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from layerbank.app.client import ApiError
 
+from layerbank.app.client import ApiError
 from tests.integration.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

@@ -38,7 +38,6 @@ from layerbank.workers.extract import ExtractSummary, Progress, Stopped, extract
 from layerbank.workers.jobs_registry import ENCODE_PRIORITY
 from layerbank.workers.ray_backend import RayUnavailable, extract_with_ray
 from layerbank.workers.worker import Worker, WorkerOptions
-
 from tests.data_paths import SST2
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

@@ -19,7 +19,6 @@ import torch
 
 from layerbank.app.probes.regimes_plot import format_regimes_table
 from layerbank.workers.regimes.run import run_regimes
-
 from tests.data_paths import SST2 as SST2_DIR
 
 pytestmark = pytest.mark.integration

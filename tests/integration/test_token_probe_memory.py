@@ -45,7 +45,6 @@ from layerbank.app.probes.word_features import sentence_texts
 from layerbank.app.probes.word_views import CHUNK_BYTES
 from layerbank.app.probes.wordsets import read_wordset
 from layerbank.workers.local import LocalExtractor
-
 from tests.data_paths import CONLL2003
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,6 @@ from layerbank.app.probes.token_probe import run_token_probe
 from layerbank.app.probes.word_features import sentence_texts, uncovered_words, word_states
 from layerbank.app.probes.wordsets import TaggedSentence, read_wordset
 from layerbank.workers.local import LocalExtractor
-
 from tests.data_paths import CONLL2003
 
 CONLL_VALID = CONLL2003 / "valid.txt"

@@ -25,7 +25,6 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from layerbank.workers.engines.onnx import OnnxEngine, export_path
-
 from tests.tiny_models import save_tiny_bert
 
 

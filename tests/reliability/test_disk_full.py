@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from layerbank.app.client import JobFailed
 from layerbank.cache.catalog import Catalog, catalog_url
 from layerbank.cache.compact import CompactSummary, compact
@@ -43,7 +44,6 @@ from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardContents
 from layerbank.cache.space import ShardWriteError
 from layerbank.cache.store import FeatureStore
-
 from tests.integration.conftest import ROOT, ServerProcess
 
 from .conftest import phrases

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.model_pool import ModelChanged, ModelPool, ServedModel
 from layerbank.workers.model_source import locate_model
 from layerbank.workers.worker import Worker, WorkerOptions
-
 from tests.tiny_models import save_tiny_bert
 
 
@@ -142,6 +142,7 @@ def test_row10_over_http_a_restored_model_answers_without_a_restart(
     import time
 
     from fastapi.testclient import TestClient
+
     from layerbank.app.api.main import create_app
     from layerbank.app.api.settings import Settings
     from layerbank.app.cli.worker import served_models

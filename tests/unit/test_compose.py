@@ -23,11 +23,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-
 import yaml as yaml
 
-from layerbank.app.cli.main import build_parser
 from layerbank.app.api.settings import Settings
+from layerbank.app.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -114,8 +113,8 @@ def test_layerbank_commands_parse(compose: dict[str, Any]) -> None:
 
 
 def test_ray_commands_parse(compose: dict[str, Any]) -> None:
-    import ray  # noqa: F401
     import click
+    import ray  # noqa: F401
     from ray.scripts.scripts import cli
 
     used = set()
@@ -208,7 +207,7 @@ def test_replicas_profile_two_apis_and_a_worker_on_one_postgres_catalog(compose:
     # one shard volume at the data directory of all three, not the default api's: a SQLite
     # `serve` removes at start every shard its catalog.sqlite does not list
     mounts = set()
-    for name, s in layerbank.items():
+    for s in layerbank.values():
         (mount,) = [v for v in s["volumes"] if v.endswith(":" + s["environment"]["LAYERBANK_DATA_DIR"])]
         mounts.add(mount.split(":")[0])
     assert len(mounts) == 1 and mounts <= set(compose["volumes"]), mounts

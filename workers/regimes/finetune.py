@@ -52,8 +52,8 @@ from sklearn.metrics import accuracy_score, f1_score
 from torch import nn
 
 from layerbank.workers.regimes.families import describe
-from layerbank.workers.regimes.trainable import configure, depth_groups, gradual_groups
 from layerbank.workers.regimes.resources import Cancelled, PeakMemory, check_cancel, freeing_on_cancel
+from layerbank.workers.regimes.trainable import configure, depth_groups, gradual_groups
 
 __all__ = [
     "Cancelled",

@@ -67,17 +67,17 @@ from typing import Any
 import numpy as np
 
 from layerbank.cache.fingerprint import default_model_path
+from layerbank.regime_names import REGIMES, Variant, variants
 from layerbank.workers.batching import token_budget_batches
 from layerbank.workers.encoder import Encoder, Tokenized
-from layerbank.regime_names import REGIMES, Variant, variants
 from layerbank.workers.regimes.curves import crossover, layer_cut, xi_sweep
 from layerbank.workers.regimes.families import describe, layout_summary, require
 from layerbank.workers.regimes.finetune import Split, TrainSettings, finetune
 from layerbank.workers.regimes.linear_probe import probe_head, probe_layers, stratified_split, subsample
 from layerbank.workers.regimes.options import RegimesOptions, default_seeds
-from layerbank.workers.regimes.trainable import LORA_RANK, encoder_params
-from layerbank.workers.regimes.result import choose, save_artifact, table_row
 from layerbank.workers.regimes.resources import PeakMemory, check_cancel, freeing_on_cancel
+from layerbank.workers.regimes.result import choose, save_artifact, table_row
+from layerbank.workers.regimes.trainable import LORA_RANK, encoder_params
 
 __all__ = ["DEFAULT_LR", "RegimesOptions", "run_regimes"]
 

@@ -38,11 +38,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from layerbank.app.api.deps import AppState, get_state
-from layerbank.app.api.errors import Conflict, InvalidInput, NotFound, Overloaded, TooLarge, UnsupportedMediaType
-from layerbank.app.inputs import InputError, parse_texts
-from layerbank.app.api.routes.features import check_pooling, check_texts, json_response, strict_view
-from layerbank.app.api.served_models import ensure_model
 from layerbank.app.api.disk_room import require_free_disk
+from layerbank.app.api.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    TooLarge,
+    UnsupportedMediaType,
+)
+from layerbank.app.api.routes.features import check_pooling, check_texts, json_response, strict_view
 from layerbank.app.api.schemas import (
     DatasetDeleted,
     DatasetList,
@@ -52,6 +57,8 @@ from layerbank.app.api.schemas import (
     Precision,
     error_responses,
 )
+from layerbank.app.api.served_models import ensure_model
+from layerbank.app.inputs import InputError, parse_texts
 from layerbank.cache.datasets import Dataset
 from layerbank.cache.keys import text_key
 from layerbank.cache.poolings import PoolingName

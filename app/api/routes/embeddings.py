@@ -38,14 +38,15 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
+
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.embedding_recipe import choose
 from layerbank.app.api.errors import InvalidInput
 from layerbank.app.api.routes.features import (
+    check_pooling,
     check_texts,
     compute_features,
     encode_rows,
-    check_pooling,
     json_response,
     require_json,
     resolve_request,

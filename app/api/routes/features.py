@@ -30,10 +30,10 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.deps import AppState, ModelRef, get_state
-from layerbank.app.blank import is_blank
 from layerbank.app.api.errors import ExtractionFailed, InvalidInput, TooLarge, UnsupportedMediaType
 from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
 from layerbank.app.api.served_models import ensure_model, find_model
+from layerbank.app.blank import is_blank
 from layerbank.cache.keys import text_key
 from layerbank.cache.store import ReadResult
 from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
@@ -168,7 +168,7 @@ async def compute_features(state: AppState, texts: list[str], view_spec: str | N
                              [e.truncated for e in res.entries], m, view, pooling, keys)  # type: ignore[union-attr]  # all found
     metrics.cache_misses.inc(len(keys) - n_hit)
     data, entries = res.data, list(res.entries)
-    for attempt in range(2):  # twice: a shard quarantined between commit and read is recomputed
+    for _attempt in range(2):  # twice: a shard quarantined between commit and read is recomputed
         miss = [i for i in range(len(keys)) if entries[i] is None]
         miss_keys = [keys[i] for i in miss]
         await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint,

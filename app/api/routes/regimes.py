@@ -216,7 +216,9 @@ async def regimes_plot(regimes_id: str, state: AppState = Depends(get_state)) ->
         why = f": {job.error}" if job.error else ""
         raise Conflict(f"regimes job {regimes_id} is {job.state}{why}; its plot exists once it has "
                        "succeeded", extra={"job_id": job.id, "job_state": job.state})
-    from layerbank.app.probes.regimes_plot import regimes_plot_png  # matplotlib only, no torch (checked by a test)
+    from layerbank.app.probes.regimes_plot import (
+        regimes_plot_png,  # matplotlib only, no torch (checked by a test)
+    )
 
     return Response(await run_in_threadpool(regimes_plot_png, job.result), media_type="image/png")
 

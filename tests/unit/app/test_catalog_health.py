@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+
 from layerbank.app.api import catalog_health as H
 from layerbank.cache.postgres import CatalogUnavailable
 

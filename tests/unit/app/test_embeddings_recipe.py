@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from layerbank.cache.sentence_recipe import read_recipe
 
 ST = "sentence_transformers.models."

@@ -12,11 +12,12 @@ import pytest
 from fastapi import FastAPI, Header
 from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
-from layerbank.app.api import errors as E
-from layerbank.cache.errors import InputError
 from pydantic import BaseModel, field_validator
 from starlette.exceptions import HTTPException
 from starlette.routing import Route, Router
+
+from layerbank.app.api import errors as E
+from layerbank.cache.errors import InputError
 
 
 class Body(BaseModel):

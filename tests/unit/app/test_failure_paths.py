@@ -3,12 +3,12 @@ line it guards was broken on purpose (docs/reliability.md lists which)."""
 
 from __future__ import annotations
 
-import pytest
 import os
 import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from layerbank.cache.catalog import Catalog

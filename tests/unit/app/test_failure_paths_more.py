@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+
 from layerbank.cache.catalog import Catalog
 from layerbank.cache.jobs import JobQueue
 

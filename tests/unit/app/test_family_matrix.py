@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from layerbank.app.probes.word_features import word_states
 from layerbank.cache.keys import text_key
 from layerbank.cache.store import FeatureStore
-
 from tests.families import FAMILIES, TOKENIZER_KIND
 
 # words that split differently per tokenizer kind: punctuation inside a word, an accent,
@@ -154,7 +154,7 @@ def test_the_family_through_every_route(tiny_api_factory: Any, tiny_model_dir: s
     try:
         rows = store.read_tokens_many([text_key(m.fingerprint, m.config, t) for t in joined])
         refs = _reference(tiny_model_dir, joined)
-        for words, text, row, states in zip(SENTENCES, joined, rows, refs):
+        for _words, text, row, states in zip(SENTENCES, joined, rows, refs):
             assert row is not None, text
             enc = tok(text, return_offsets_mapping=True)
             assert row.ids.tolist() == enc["input_ids"], (family, text)
@@ -207,6 +207,7 @@ def test_the_family_through_every_route(tiny_api_factory: Any, tiny_model_dir: s
 def test_a_model_without_a_fast_tokenizer_is_one_clear_error(family_model_dir: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers
+
     from layerbank.workers.encoder import Encoder, ModelLoadError
 
     real = transformers.AutoTokenizer.from_pretrained
@@ -232,10 +233,11 @@ def test_byte_level_offsets_that_keep_the_leading_space(family_model_dir: Any, t
     their own tokens, first and mean as the tokenizer splits them."""
     import shutil
 
-    from layerbank.cache.words import align_tokens_to_words, join_words, word_vectors
-    from layerbank.workers.encoder import Encoder
     from tokenizers import processors
     from transformers import AutoTokenizer
+
+    from layerbank.cache.words import align_tokens_to_words, join_words, word_vectors
+    from layerbank.workers.encoder import Encoder
 
     path = tmp_path / "untrimmed"
     shutil.copytree(family_model_dir("modernbert"), path)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from layerbank.app.api.deps import ApiKeyGuard
 from layerbank.app.api.fast_reads import CachedReads
 from layerbank.cache.keys import text_key

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from layerbank.app.blank import is_blank
 from layerbank.app.inputs import InputError, parse_texts, read_texts
-
 from tests.data_paths import SST2 as SST2_DIR
 
 SST2 = SST2_DIR / "test.tsv"

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+
 from layerbank.app.probes.advice import head_bytes
 from layerbank.app.probes.heads import load_head
 from layerbank.app.probes.regimes_plot import NO_SPREAD

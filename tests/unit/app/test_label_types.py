@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from layerbank.app.client import ApiError, Client
 from layerbank.cache.datasets import decode_label, label_type
 

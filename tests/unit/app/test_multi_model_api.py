@@ -26,6 +26,7 @@ def serve_models(tmp_path: Path, tiny_model_dir: str) -> Iterator[Callable[[list
     """``serve_models(others)``: the app and a worker thread serving the tiny model (the
     default) and ``others``; (client, worker)."""
     from fastapi.testclient import TestClient
+
     from layerbank.app.api.main import create_app
     from layerbank.app.api.settings import Settings
     from layerbank.app.cli.worker import served_models

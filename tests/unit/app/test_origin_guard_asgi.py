@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import pytest
+
 from layerbank.app.api.origin import OriginGuard
 
 HOST_WORDS = ("is not one of this server's names; a server without an API key answers only to its own "

@@ -12,8 +12,8 @@ from threadpoolctl import threadpool_limits
 
 import layerbank.app.probes.sweep
 from layerbank.app.probes.heads import make_head
-from layerbank.app.probes.sweep import ProbeInputError, fit_head, run_probe
 from layerbank.app.probes.scalar_mix import ScalarMixHead
+from layerbank.app.probes.sweep import ProbeInputError, fit_head, run_probe
 from layerbank.cache.views import parse_view
 
 

@@ -9,9 +9,9 @@ import argparse
 from typing import Literal, get_args, get_origin
 
 import pytest
+
 from layerbank.app.cli.common import settings_from
 from layerbank.app.cli.main import build_parser
-
 from layerbank.settings import Settings, env_name, setting
 
 

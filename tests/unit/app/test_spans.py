@@ -5,12 +5,18 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import seqeval.metrics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerbank.app.probes.spans import Entity, TagSchemeError, check_bio, extract_entities, span_scores, word_accuracy
-
-import seqeval.metrics
+from layerbank.app.probes.spans import (
+    Entity,
+    TagSchemeError,
+    check_bio,
+    extract_entities,
+    span_scores,
+    word_accuracy,
+)
 
 seqeval = seqeval.metrics
 

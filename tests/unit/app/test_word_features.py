@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layerbank.app.probes.word_features import SentencesNotExtracted, sentence_texts, uncovered_words, word_states
+from layerbank.app.probes.word_features import (
+    SentencesNotExtracted,
+    sentence_texts,
+    uncovered_words,
+    word_states,
+)
 from layerbank.app.probes.wordsets import TaggedSentence
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.extract import extract

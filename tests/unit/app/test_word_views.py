@@ -3,7 +3,6 @@ token probe scores them the same (tiny random encoder, real CoNLL-2003 sentences
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -14,7 +13,6 @@ from layerbank.app.probes.wordsets import read_wordset
 from layerbank.cache.views import parse_view
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.extract import extract
-
 from tests.data_paths import CONLL2003
 
 CONLL = CONLL2003

@@ -18,9 +18,7 @@ from layerbank.app.probes.wordsets import (
     parse_wordset,
     read_wordset,
 )
-
 from tests.data_paths import CONLL2003
-
 
 EXPECTED = [
     TaggedSentence(("EU", "rejects", "German"), ("B-ORG", "O", "B-MISC")),

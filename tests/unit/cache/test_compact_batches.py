@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from layerbank.cache.compact import CompactSummary, compact
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardContents

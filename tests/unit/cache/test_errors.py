@@ -9,6 +9,7 @@ import errno
 import sqlite3
 
 import pytest
+
 from layerbank.cache.errors import FAILURE_TYPES, InputError, failure_type
 from layerbank.cache.space import ShardWriteError
 

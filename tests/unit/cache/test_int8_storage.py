@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+
 from layerbank.cache.compact import compact
 from layerbank.cache.int8 import dequantize, quantize
 from layerbank.cache.keys import ExtractionConfig

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+
 from layerbank.cache.jobs import JobQueue
 from layerbank.cache.leftovers import clean_leftovers
 from layerbank.cache.request_texts import requests_dir

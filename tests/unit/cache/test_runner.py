@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from layerbank.cache import migrations
 from layerbank.cache.catalog import Catalog
 from layerbank.cache.errors import InputError
 from layerbank.cache.jobs import JobQueue
-from layerbank.cache import migrations
 from layerbank.cache.migrations import version
 from layerbank.cache.runner import Claimer, JobError, Lease, Stopped, run_claimed
 from layerbank.cache.space import ShardWriteError

@@ -14,7 +14,14 @@ import h5py
 import numpy as np
 import pytest
 
-from layerbank.cache.shard import FORMAT_VERSION, CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
+from layerbank.cache.shard import (
+    FORMAT_VERSION,
+    CorruptShardError,
+    ShardContents,
+    ShardReader,
+    TokenRows,
+    write_shard,
+)
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "storage.md"
 N, H, D = 5, 3, 4

@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+
 from layerbank.cache import shard as shard_module
 from layerbank.cache.shard import (
     CorruptShardError,

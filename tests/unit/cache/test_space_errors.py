@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
 from layerbank.cache import space
 from layerbank.cache.space import ShardWriteError, _message, as_write_error, is_disk_full
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardContents
 from layerbank.cache.store import FeatureStore

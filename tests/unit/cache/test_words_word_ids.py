@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from layerbank.cache.words import align_tokens_to_words, join_words, word_vectors
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from layerbank.workers.measured import CHOICES, measured_choice, temp_name
 
 KEY = {"cpu": "test CPU", "torch": "x"}

@@ -13,8 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerbank.workers.batching import (batch_cost_tokens, default_max_tokens, min_padding_batches,
-                              token_budget_batches)
+from layerbank.workers.batching import (
+    batch_cost_tokens,
+    default_max_tokens,
+    min_padding_batches,
+    token_budget_batches,
+)
 
 
 def order_of(lengths: list[int]) -> list[int]:

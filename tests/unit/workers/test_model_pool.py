@@ -8,10 +8,10 @@ import os
 from typing import Any
 
 import pytest
+
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.model_pool import ModelPool, ServedModel, UnknownModel, encoder_bytes
 from layerbank.workers.model_source import locate_model
-
 from tests.tiny_models import save_tiny_bert
 
 

@@ -13,9 +13,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 import layerbank.cache.shard as shard_mod
 import layerbank.workers.extract as extract_mod
-import pytest
 from layerbank.cache.store import FeatureStore
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.extract import extract

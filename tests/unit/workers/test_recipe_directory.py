@@ -11,6 +11,7 @@ from typing import Any
 import huggingface_hub
 import pytest
 from huggingface_hub.errors import EntryNotFoundError
+
 from layerbank.cache.sentence_recipe import read_recipe
 from layerbank.workers.model_source import ModelSource, recipe_directory
 

@@ -22,12 +22,12 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.preprocessing import StandardScaler
 
+from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
 from layerbank.workers.regimes.finetune import Cancelled, SequenceClassifier, TrainSettings, make_optimizer
 from layerbank.workers.regimes.linear_probe import probe_head, stratified_split
-from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
-from layerbank.workers.regimes.run import run_regimes
-from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
 from layerbank.workers.regimes.result import choose
+from layerbank.workers.regimes.run import run_regimes
+from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
 
 WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]
 
