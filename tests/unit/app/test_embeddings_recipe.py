@@ -154,6 +154,13 @@ def test_a_recipe_whose_pooling_is_not_stored_is_a_422_naming_the_setting(  # ty
     err = r.json()["error"]
     assert err["param"] == "pooling" and "--poolings mean,cls,max,last_token" in err["message"], err
     assert c.post("/v1/embeddings", json={"input": ["a text"], "pooling": "mean"}).status_code == 200
+
+
+def test_a_recipe_whose_pooling_is_stored_is_served(  # type: ignore[no-untyped-def]
+        tiny_api_factory, tiny_model_dir: str) -> None:
+    # a test of its own: in the PostgreSQL pass a test's apps share one schema (and its job
+    # queue), so a second app beside the first would be a replica with other shards and poolings
+    _write(Path(tiny_model_dir), ["Transformer", "Pooling"], {"pooling_mode_lasttoken": True})
     c2 = tiny_api_factory(poolings="mean,last_token").client
     ok = c2.post("/v1/embeddings", json={"input": ["a text"]})
     assert ok.status_code == 200, ok.text
