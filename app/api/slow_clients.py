@@ -28,49 +28,20 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from layerbank.app.api.deadlines import Deadlines
+
 __all__ = ["GuardedH11Protocol", "guarded_protocol", "server_config"]
 
-log = logging.getLogger("layerbank.api")
-
-
-class GuardedH11Protocol(H11Protocol):
+class GuardedH11Protocol(Deadlines, H11Protocol):
     """uvicorn's h11 protocol with a header deadline and a body deadline (module docstring)."""
 
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # TCP: a Transport
-        super().connection_made(transport)
-        self._guard: asyncio.TimerHandle | None = None
         self._guarded_cycle: Any = None
-        self._arm(self.header_timeout_s, "its request's headers")
-
-    def _arm(self, seconds: float, what: str) -> None:
-        self._disarm()
-        if seconds > 0:
-            self._guard = self.loop.call_later(seconds, self._cut, what, seconds)
-
-    def _disarm(self) -> None:
-        guard = getattr(self, "_guard", None)
-        if guard is not None:
-            guard.cancel()
-            self._guard = None
-
-    def _cut(self, what: str, seconds: float) -> None:
-        self._guard = None
-        if self.transport.is_closing():
-            return
-        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-        log.info("closed the connection of %s: %s did not arrive within %.0f s", client, what, seconds)
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.disconnected = True  # the route's receive() says http.disconnect
-            self.cycle.message_event.set()
-        self.transport.close()
+        super().connection_made(transport)
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -84,15 +55,6 @@ class GuardedH11Protocol(H11Protocol):
         elif cycle is not None and not cycle.more_body and self._guard is not None \
                 and not cycle.response_complete:
             self._disarm()  # the body is complete
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():  # kept alive: the next request's headers have a deadline too
-            self._arm(self.header_timeout_s, "its next request's headers")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
 
 
 def guarded_protocol(header_timeout_s: float, body_timeout_s: float) -> type[Any]:
