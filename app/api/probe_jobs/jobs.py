@@ -134,10 +134,11 @@ def _watch_cancel(queue: JobQueue, job_id: str, done: threading.Event) -> None:
             job = queue.get(job_id)
         except Exception:  # a busy catalog: ask again
             continue
-        if job is None or (job.cancel_requested and job.state == "running"):
+        # a row already marked cancelled (not only asked to be) ends the computation too
+        if job is None or job.state == "cancelled" or (job.cancel_requested and job.state == "running"):
             if done.wait(_CANCEL_GRACE_S):
                 return  # it stopped by itself
-            if job is not None and job.cancel_requested:
+            if job is not None and job.cancel_requested and job.state != "cancelled":
                 queue.mark_cancelled(job_id)
             log.info("job %s cancelled while computing; ending its probe process", job_id)
             os._exit(0)
