@@ -208,14 +208,20 @@ async def get_regimes(regimes_id: str, state: AppState = Depends(get_state)) -> 
     return json_response(regimes_out(_regimes_job(state, regimes_id)))
 
 
-@router.get("/regimes/{regimes_id}/plot.png", response_class=Response, responses={**_ERRORS, **_PNG},
-            summary="Test macro-F1 against bytes stored per task (PNG)")
-async def regimes_plot(regimes_id: str, state: AppState = Depends(get_state)) -> Response:
+def _succeeded_job(state: AppState, regimes_id: str) -> Any:
+    """The job behind a plot: a plot exists only once its job has succeeded (409 before)."""
     job = _regimes_job(state, regimes_id)
     if job.state != "succeeded":
         why = f": {job.error}" if job.error else ""
         raise Conflict(f"regimes job {regimes_id} is {job.state}{why}; its plot exists once it has "
                        "succeeded", extra={"job_id": job.id, "job_state": job.state})
+    return job
+
+
+@router.get("/regimes/{regimes_id}/plot.png", response_class=Response, responses={**_ERRORS, **_PNG},
+            summary="Test macro-F1 against bytes stored per task (PNG)")
+async def regimes_plot(regimes_id: str, state: AppState = Depends(get_state)) -> Response:
+    job = _succeeded_job(state, regimes_id)
     from layerbank.app.probes.regimes_plot import (
         regimes_plot_png,  # matplotlib only, no torch (checked by a test)
     )
@@ -226,11 +232,7 @@ async def regimes_plot(regimes_id: str, state: AppState = Depends(get_state)) ->
 @router.get("/regimes/{regimes_id}/layer_cut.png", response_class=Response, responses={**_ERRORS, **_PNG},
             summary="Test macro-F1 against fine-tuned layers, with full's score and 90% of it (PNG)")
 async def regimes_layer_cut_plot(regimes_id: str, state: AppState = Depends(get_state)) -> Response:
-    job = _regimes_job(state, regimes_id)
-    if job.state != "succeeded":
-        why = f": {job.error}" if job.error else ""
-        raise Conflict(f"regimes job {regimes_id} is {job.state}{why}; its plot exists once it has "
-                       "succeeded", extra={"job_id": job.id, "job_state": job.state})
+    job = _succeeded_job(state, regimes_id)
     if not (job.result or {}).get("layer_cut"):
         raise Conflict(f"regimes job {regimes_id} has no layer-cut curve: it needs the top_k regime at two "
                        "or more cut points (top_k: [0, 1, ...])", extra={"job_id": job.id, "job_state": job.state})
