@@ -49,6 +49,7 @@ __all__ = [
     "quiet_transformers",
     "read_tsv",
     "require_data",
+    "save_tiny_bert",
     "time_extraction",
     "write_json",
 ]
@@ -281,3 +282,24 @@ def matmul_flops_per_second(hidden: int, intermediate: int, tokens: int = 2048,
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t0)
     return flops / best
+
+
+def save_tiny_bert(out: str | os.PathLike[str], *, seed: int = 0, hidden: int = 32, layers: int = 2,
+                   max_positions: int = 128) -> str:
+    """A random ``BertModel`` with the bundled model's tokenizer, saved to ``out``: an encoder
+    so small that what a benchmark measures is the store and the server, not the forward pass.
+
+    The same recipe as the tests' builder (tests/tiny_models.py), copied: benchmarks never
+    import from tests/."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from layerbank.cache.fingerprint import default_model_path
+
+    tok = AutoTokenizer.from_pretrained(default_model_path(), use_fast=True)
+    config = BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=37, vocab_size=len(tok), max_position_embeddings=max_positions)
+    torch.manual_seed(seed)
+    BertModel(config).eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return os.fspath(out)

@@ -1,0 +1,331 @@
+"""What a store costs as it grows to a million texts (issue 28 item 4).
+
+One data directory grows through ``--sizes`` (default 10^4, 10^5, 10^6 texts),
+filled by ``layerbank extract`` with a tiny random BERT (2 layers, 32 wide:
+the encoder is not the cost here, the store and the server are). At each
+size it prints one block:
+
+- extraction tokens/s of the texts added (the CLI's own figure) and its wall time;
+- server start: ``layerbank serve`` on the directory, seconds until ``/health``
+  answers (the API) and until ``/ready`` lists a worker (cached reads answer);
+- cached one-text ``POST /v1/features`` of a row in memory (the row cache):
+  p50 / p99 and req/s at 1 and 16 clients, bench/serve.py's raw keep-alive
+  socket client;
+- cached reads of stored texts not in memory (each a different text, drawn
+  over the whole store, one client): p50 / p99 and req/s, each answer
+  checked to be a hit;
+- resident memory (VmRSS) of the API process and of its worker, after those reads;
+- catalog size (``catalog.sqlite`` with its WAL) and bytes per text (shards,
+  catalog);
+- micro-batch commits: 64 small shards (16 rows each, what one-text misses
+  write) written through ``FeatureStore.write``, ms per commit; then
+  ``cache/compact.py`` ``compact`` merging them (seconds);
+- ``layerbank repair --force`` (catalog rebuilt from every shard), seconds.
+
+Targets: store-read and in-memory p50 at the largest size within 1.5x of the
+smallest, start under 5 s, memory not growing with the store beyond the
+configured caches. The last lines compare the largest size with the first.
+
+Run from the repository root::
+
+    .venv/bin/python bench/scale.py --sizes 10000,100000        # ~5 min on 2 busy cores
+    .venv/bin/python bench/scale.py                              # 10^6 too: ~1 h
+    .venv/bin/python bench/scale.py --dir /tmp/lb-scale --json bench/results/scale.json
+
+Texts are random words of the bundled tokenizer's vocabulary (seeded, 4-24
+words), so no data set is needed and every text is new.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import ROOT, save_tiny_bert, write_json  # bench/ is the script directory
+from serve import _drive_raw, _raw_request, pct
+from serve_replicas import _read_response
+
+# the flags both `extract` and `serve` get, so that their keys agree
+_MODEL_FLAGS = ["--precision", "fp32", "--engine", "torch", "--storage-dtype", "float16"]
+_SMALL_SHARDS, _SMALL_ROWS = 64, 16
+
+
+def _env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERBANK_")}
+    env.update(LAYERBANK_THREADS=str(threads), LAYERBANK_LOG_LEVEL="WARNING", HF_HUB_OFFLINE="1")
+    return env
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "layerbank.app.cli.main", *args]
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    """``n`` texts of 4-24 random whole words from the bundled tokenizer's vocabulary."""
+    from layerbank.cache.fingerprint import default_model_path
+
+    vocab = [w.strip() for w in (Path(default_model_path()) / "vocab.txt").read_text(encoding="utf-8").splitlines()]
+    words = np.array([w for w in vocab if w.isalpha() and w.isascii()])
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(4, 25, size=n)
+    picks = rng.integers(0, len(words), size=int(lengths.sum()))
+    out, at = [], 0
+    for k in lengths:
+        out.append(" ".join(words[picks[at: at + k]]))
+        at += k
+    return out
+
+
+def extract(data_dir: Path, model: str, texts: list[str], threads: int) -> dict[str, float]:
+    """``layerbank extract`` of ``texts`` into ``data_dir``: its tokens/s and wall seconds."""
+    f = data_dir.parent / "add.txt"
+    f.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    t0 = time.perf_counter()
+    r = subprocess.run(_cli("extract", "--data-dir", str(data_dir), "--model", model, *_MODEL_FLAGS,
+                            "--no-progress", str(f)), cwd=ROOT, env=_env(threads), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    f.unlink()
+    if r.returncode != 0:
+        raise SystemExit(f"extract failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    m = re.search(r"encoded\s+(\d+) texts, (\d+) tokens \(([\d,.]+) tokens/s\)", r.stdout)
+    if m is None:
+        raise SystemExit(f"no 'encoded' line in:\n{r.stdout}")
+    return {"texts": int(m[1]), "tokens": int(m[2]), "tokens_per_s": float(m[3].replace(",", "")),
+            "wall_s": wall}
+
+
+class Serving:
+    """``layerbank serve`` on the directory, timed from the process start."""
+
+    def __init__(self, data_dir: Path, model: str, threads: int) -> None:
+        self.data_dir = data_dir
+        (data_dir / "server.json").unlink(missing_ok=True)
+        self.log = open(data_dir.parent / "serve.log", "ab")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(_cli("serve", "--data-dir", str(data_dir), "--port", "0", "--model", model,
+                                          *_MODEL_FLAGS), cwd=ROOT, env=_env(threads),
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.port = 0
+        self.api_s = self.ready_s = 0.0
+        self.worker_pid = 0
+        deadline = t0 + 300
+        while not self.ready_s:
+            if self.proc.poll() is not None or time.perf_counter() > deadline:
+                raise SystemExit(f"server did not start: {(data_dir.parent / 'serve.log').read_text()[-2000:]}")
+            try:
+                if not self.port:
+                    meta = json.loads((data_dir / "server.json").read_text())
+                    self.port = int(meta["port"]) if meta["pid"] == self.proc.pid else 0
+                if self.port:
+                    status, body = self.call("GET", "/ready")
+                    if not self.api_s:
+                        self.api_s = time.perf_counter() - t0
+                    workers = json.loads(body).get("workers", [])
+                    if status == 200 and workers:
+                        self.ready_s = time.perf_counter() - t0
+                        self.worker_pid = int(workers[0]["pid"])
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.02)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        data = b"" if body is None else json.dumps(body).encode()
+        with socket.create_connection(("127.0.0.1", self.port), timeout=60) as s:
+            s.sendall(b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (method.encode(), path.encode(), len(data), data))
+            status, out, _ = _read_response(s, b"")
+        return status, out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+        self.log.close()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def store_reads(port: int, texts: list[str]) -> dict[str, float]:
+    """One keep-alive socket, one request per text (each text once: never in memory before)."""
+    reqs = [_raw_request("/v1/features", {"texts": [t]}) for t in texts]
+    lat = []
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        t_all = time.perf_counter()
+        for req in reqs:
+            t0 = time.perf_counter()
+            s.sendall(req)
+            status, body, buf = _read_response(s, buf)
+            lat.append(time.perf_counter() - t0)
+            if status != 200 or b'"cache_hits":1' not in body:
+                raise SystemExit(f"a stored text was not a cached read: HTTP {status} {body[-300:]!r}")
+        wall = time.perf_counter() - t_all
+    return {"p50": pct(lat, 50) * 1e3, "p99": pct(lat, 99) * 1e3, "rps": len(lat) / wall}
+
+
+def small_shards_and_compact(data_dir: Path) -> dict[str, float]:
+    """What one-text misses cost the catalog at this size: 64 small shards written and committed
+    (ms each), then compacted into one (s). Holds the data directory's lock, as a CLI writer must."""
+    from layerbank.cache.compact import compact
+    from layerbank.cache.keys import ExtractionConfig
+    from layerbank.cache.lock import DataDirLock
+    from layerbank.cache.shard import ShardContents
+    from layerbank.cache.store import FeatureStore
+
+    lock = DataDirLock(data_dir).acquire()
+    store = FeatureStore(data_dir)
+    try:
+        name = next(iter(sorted(store.catalog.shard_names())))
+        info = store.catalog.shard_info(name)
+        assert info is not None
+        reader = store._reader(name)  # noqa: SLF001  (the shape of a stored row)
+        h, d = reader.read_pooled(np.array([0]), "mean").shape[1:]
+        cfg = ExtractionConfig.from_json(info["config"])
+        rng = np.random.default_rng(1)
+        commits = []
+        for i in range(_SMALL_SHARDS):
+            keys = [store.key(info["model"], cfg, f"scale small shard {i} {j} {random.random()}")
+                    for j in range(_SMALL_ROWS)]
+            pooled = {p: rng.standard_normal((_SMALL_ROWS, h, d)).astype(np.float32) for p in info["poolings"]}
+            contents = ShardContents(keys, np.full(_SMALL_ROWS, 5), np.zeros(_SMALL_ROWS, bool), pooled)
+            t0 = time.perf_counter()
+            store.write(f"scale-small-{time.time_ns():x}-{i:03d}", contents, model=info["model"], config=cfg)
+            commits.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        s = compact(store, max_rows=256)
+        seconds = time.perf_counter() - t0
+        if s.shards_merged < _SMALL_SHARDS:
+            raise SystemExit(f"compaction merged {s.shards_merged} shards, expected {_SMALL_SHARDS}")
+        return {"small_commit_ms": statistics.median(commits) * 1e3, "compact_s": seconds,
+                "compact_rows": s.rows}
+    finally:
+        store.close()
+        lock.release()
+
+
+def repair(data_dir: Path) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(_cli("repair", "--data-dir", str(data_dir), "--force"), cwd=ROOT, env=_env(1),
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"repair failed:\n{r.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespace) -> dict[str, float]:
+    res: dict[str, float] = {}
+    srv = Serving(data_dir, model, args.threads)
+    try:
+        res.update(start_api_s=srv.api_s, start_ready_s=srv.ready_s)
+        print(f"  start: API answers after {srv.api_s:.2f} s, /ready (worker loaded) after {srv.ready_s:.2f} s",
+              flush=True)
+        hot = {"texts": [texts[0]]}
+        for _ in range(2):  # read from the store, then from memory
+            status, body = srv.call("POST", "/v1/features", hot)
+            if status != 200 or b'"cache_hits":1' not in body:
+                raise SystemExit(f"the first stored text is not a cached read: {status} {body[-300:]!r}")
+        req = _raw_request("/v1/features", hot)
+        for c in (1, 16):
+            runs = [_drive_raw(srv.port, req, c, 1 if c == 1 else args.client_procs, args.seconds)
+                    for _ in range(args.rounds)]
+            m = {k: statistics.median(r[k] for r in runs) for k in ("p50", "p99", "rps")}
+            res.update({f"memory_c{c}_p50_ms": m["p50"], f"memory_c{c}_p99_ms": m["p99"],
+                        f"memory_c{c}_rps": m["rps"]})
+            print(f"  cached read, row in memory, {c:2d} client(s): p50 {m['p50']:.3f} ms  p99 {m['p99']:.3f} ms  "
+                  f"{m['rps']:,.0f} req/s (load {os.getloadavg()[0]:.1f})", flush=True)
+        picks = random.Random(len(texts)).sample(range(1, len(texts)), min(args.store_reads, len(texts) - 1))
+        m = store_reads(srv.port, [texts[i] for i in picks])
+        res.update(store_p50_ms=m["p50"], store_p99_ms=m["p99"], store_rps=m["rps"])
+        print(f"  cached read, row from the store ({len(picks)} texts drawn over all {len(texts):,}), 1 client: "
+              f"p50 {m['p50']:.3f} ms  p99 {m['p99']:.3f} ms  {m['rps']:,.0f} req/s (load {os.getloadavg()[0]:.1f})",
+              flush=True)
+        res.update(rss_api_mb=rss_mb(srv.proc.pid), rss_worker_mb=rss_mb(srv.worker_pid))
+        print(f"  resident memory: API {res['rss_api_mb']:.0f} MB, worker {res['rss_worker_mb']:.0f} MB", flush=True)
+    finally:
+        srv.stop()
+    cat = sum(p.stat().st_size for p in data_dir.glob("catalog.sqlite*"))
+    shards = sum(p.stat().st_size for p in (data_dir / "shards").glob("*.h5"))
+    n_shards = len(list((data_dir / "shards").glob("*.h5")))
+    res.update(catalog_mb=cat / 1e6, catalog_bytes_per_text=cat / len(texts),
+               shard_bytes_per_text=shards / len(texts), shards=n_shards)
+    print(f"  catalog {cat / 1e6:.1f} MB ({cat / len(texts):.0f} B/text); shards {shards / 1e6:.1f} MB in "
+          f"{n_shards} files ({shards / len(texts):.0f} B/text); {(cat + shards) / len(texts):.0f} B/text in all",
+          flush=True)
+    res.update(small_shards_and_compact(data_dir))
+    print(f"  {_SMALL_SHARDS} small shards of {_SMALL_ROWS} rows: {res['small_commit_ms']:.1f} ms per write+commit "
+          f"(median); compaction of them {res['compact_s']:.2f} s", flush=True)
+    res["repair_s"] = repair(data_dir)
+    print(f"  layerbank repair --force: {res['repair_s']:.1f} s", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,100000,1000000", help="store sizes, ascending, comma-separated")
+    ap.add_argument("--dir", type=Path, default=None, help="work directory (kept); default a temp dir (removed)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of extract and the worker")
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds per measured window (reads in memory)")
+    ap.add_argument("--rounds", type=int, default=3, help="windows per figure, median kept")
+    ap.add_argument("--client-procs", type=int, default=4, help="processes the 16 clients are spread over")
+    ap.add_argument("--store-reads", type=int, default=1000, help="distinct stored texts read per size")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if sizes != sorted(sizes):
+        raise SystemExit("--sizes must ascend: one directory grows through them")
+    work = args.dir or Path(tempfile.mkdtemp(prefix="layerbank-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data_dir = work / "data"
+    print(f"layerbank scale benchmark: sizes {sizes}; {os.cpu_count()} CPUs, load "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; work dir {work}", flush=True)
+    model = str(work / "model")
+    if not (work / "model" / "config.json").exists():
+        save_tiny_bert(model)
+    texts = make_texts(sizes[-1])
+    out: dict[str, Any] = {"sizes": {}, "cpus": os.cpu_count()}
+    stored = 0
+    try:
+        for size in sizes:
+            print(f"\n== {size:,} texts", flush=True)
+            if size > stored:
+                e = extract(data_dir, model, texts[stored:size], args.threads)
+                print(f"  extraction of {e['texts']:,} new texts: {e['tokens_per_s']:,.0f} tokens/s "
+                      f"({e['tokens']:,} tokens; {e['wall_s']:.1f} s wall with the CLI's start)", flush=True)
+                stored = size
+            res = {"extract_tokens_per_s": e["tokens_per_s"], "extract_wall_s": e["wall_s"]}
+            res.update(measure(data_dir, model, texts[:size], args))
+            res["load"] = os.getloadavg()[0]
+            out["sizes"][size] = res
+            write_json(args.json, out)
+        first, last = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
+        if len(sizes) > 1:
+            print(f"\n{sizes[-1]:,} vs {sizes[0]:,} texts:")
+            for k in ("memory_c1_p50_ms", "memory_c16_rps", "store_p50_ms", "start_ready_s", "rss_api_mb",
+                      "rss_worker_mb", "small_commit_ms", "compact_s", "repair_s", "catalog_bytes_per_text"):
+                print(f"  {k:24s} {first[k]:10.2f} -> {last[k]:10.2f}  ({last[k] / first[k]:.2f}x)")
+        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
