@@ -33,7 +33,7 @@ from layerbank.app.cli.worker_process import FATAL_EXIT
 from layerbank.settings import Settings, settings_env
 
 # settings_env: where tests and scripts have looked for it
-__all__ = ["FATAL_EXIT", "register", "run", "served_models", "settings_env"]
+__all__ = ["FATAL_EXIT", "open_catalog", "register", "run", "served_models", "settings_env"]
 
 _HARD_EXIT_S = 20.0  # a stop that takes longer than this (a stuck batch) ends the process
 
@@ -52,7 +52,6 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     logging.getLogger("layerbank").setLevel(settings.log_level.upper())
-    from layerbank.cache.store import FeatureStore
     from layerbank.workers.encoder import Encoder, ModelLoadError, set_threads
     from layerbank.workers.worker import Worker, WorkerOptions
 
@@ -67,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     # what auto chose and the measured ratio behind it (also in /info)
     print(f"layerbank worker: {choices_line(encoder.info)}", file=sys.stderr, flush=True)
-    store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url)
-    store.catalog.register_model(encoder.fingerprint, encoder.name,
-                                 {**encoder.info, "config": encoder.config.canonical()})
+    store = open_catalog(settings, encoder)
     try:  # the other served models: located now (a missing one stops the server), loaded on first use
         models = served_models(settings, encoder, store)
     except ModelLoadError as e:
@@ -125,6 +122,33 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def open_catalog(settings: Settings, encoder: Any) -> Any:
+    """The store, its catalog answering and the model registered in it: a catalog that
+    cannot be reached (PostgreSQL down or restarting) or whose disk is full is waited
+    for here, with one log line naming why and a bounded backoff (0.5 s doubling to 5 s,
+    ``layerbank.cache.outage``), not an exit that ``serve`` or a container's restart
+    policy would answer with a restart into the same outage, loading the model again."""
+    from layerbank.cache.outage import OutageWait, catalog_outage
+    from layerbank.cache.store import FeatureStore
+
+    wait = OutageWait(logging.getLogger("layerbank.worker"))
+    while True:
+        store = None
+        try:
+            store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url)
+            store.catalog.register_model(encoder.fingerprint, encoder.name,
+                                         {**encoder.info, "config": encoder.config.canonical()})
+        except Exception as e:
+            if store is not None:
+                store.close()
+            if not catalog_outage(e):
+                raise
+            wait.wait(e)  # SIGTERM meanwhile ends the process: nothing is claimed yet
+            continue
+        wait.over()
+        return store
 
 
 def served_models(settings: Settings, encoder: Any, store: Any) -> Any:
