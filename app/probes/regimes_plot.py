@@ -32,7 +32,6 @@ Example::
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -191,11 +190,9 @@ def layer_cut_figure(result: Mapping[str, Any]) -> Figure:
 
 def layer_cut_png(result: Mapping[str, Any]) -> bytes:
     """PNG bytes of ``layer_cut_figure(result)``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from layerbank.app.probes.plot_text import png_bytes
 
-    buf = io.BytesIO()
-    FigureCanvasAgg(layer_cut_figure(result)).print_png(buf)
-    return buf.getvalue()
+    return png_bytes(layer_cut_figure(result))
 
 
 def _eval_lines(block: Mapping[str, Any], one: bool) -> list[str]:
@@ -218,7 +215,7 @@ def regimes_figure(result: Mapping[str, Any]) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from layerbank.app.probes.plot_text import model_label, untangle
+    from layerbank.app.probes.plot_text import model_label, ring, untangle
 
     one = _n_seeds(result) == 1
     blocks = _blocks(result)
@@ -245,11 +242,10 @@ def regimes_figure(result: Mapping[str, Any]) -> Figure:
                                          "alpha": 0.85})
                        for n, x, y in zip(names, xs, ys)]
             cheap = block["cheapest_within_one_std"]
-            if not one:  # a ring around the point: the point itself stays visible
-                ax.plot(regimes[cheap]["bytes_per_task"], regimes[cheap]["macro_f1_mean"], marker="o",
-                        markersize=16, markerfacecolor="none", markeredgecolor="seagreen",
-                        markeredgewidth=2, linestyle="none", zorder=4.5,
-                        label=f"cheapest within one std of the best: {cheap}")
+            if not one:  # over the labels (zorder 4), under the points (5): they stay visible
+                ring(ax, regimes[cheap]["bytes_per_task"], regimes[cheap]["macro_f1_mean"],
+                     f"cheapest within one std of the best: {cheap}", color="seagreen", size=16, width=2,
+                     zorder=4.5)
     ax.set_xscale("log")
     ax.set_xlabel("bytes stored per task (float32, log scale)")
     ax.set_ylabel("test macro-F1 (" + (f"{NO_SPREAD}" if one else
@@ -268,9 +264,6 @@ def regimes_figure(result: Mapping[str, Any]) -> Figure:
 
 def regimes_plot_png(result: Mapping[str, Any]) -> bytes:
     """PNG bytes of ``regimes_figure(result)``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from layerbank.app.probes.plot_text import png_bytes
 
-    fig = regimes_figure(result)
-    buf = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buf)
-    return buf.getvalue()
+    return png_bytes(regimes_figure(result))

@@ -16,22 +16,14 @@ Example::
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from layerbank.app.probes.inputs import single_layer
-from layerbank.app.probes.plot_text import model_label
+from layerbank.app.probes.plot_text import hidden_state_axis, model_label, png_bytes, ring, short_view
 
 __all__ = ["token_probe_figure", "token_probe_png"]
-
-
-def _short(view: str) -> str:
-    if view.startswith("weighted:"):
-        return "weighted"
-    return view if len(view) <= 16 else view[:15] + "…"
 
 
 def token_probe_figure(result: dict[str, Any]) -> Figure:
@@ -65,10 +57,8 @@ def token_probe_figure(result: dict[str, Any]) -> Figure:
                     label=None if layers else label)
         lows += [r[key] for r in rows]
     best = next(r for r in rows if r["view"] == result["best"])
-    # a hollow ring under the data, not a filled star over it: the best point stays visible
-    ax.plot(x_of[best["view"]], best[metric], marker="o", markersize=17, markerfacecolor="none",
-            markeredgecolor="goldenrod", markeredgewidth=2.5, linestyle="none", zorder=1.5,
-            label=f"best: {_short(best['view'])} ({metric_name} {best[metric]:.3f})")
+    ring(ax, x_of[best["view"]], best[metric],
+         f"best: {short_view(best['view'])} ({metric_name} {best[metric]:.3f})")
     if best["selectivity"] is not None:
         ax.annotate(f"selectivity {best['selectivity']:.3f}", (x_of[best["view"]], best["control_accuracy"]),
                     xytext=(6, -14), textcoords="offset points", fontsize=8, color="dimgrey")
@@ -76,14 +66,11 @@ def token_probe_figure(result: dict[str, Any]) -> Figure:
     stopped = {r["view"] for r in rows if not r.get("converged", True)}
     by_layer = {int(x_of[r["view"]]): r["view"] for r in layers}
     labels = [str(k) + (" !" if by_layer.get(k) in stopped else "") for k in range(n_states)] + \
-        [_short(r["view"]) + (" !" if r["view"] in stopped else "") for r in others]
+        [short_view(r["view"]) + (" !" if r["view"] in stopped else "") for r in others]
     if stopped:
         ax.plot([], [], linestyle="none", label=f"! did not converge ({len(stopped)} of {len(rows)} views; "
                                                 "scores may be understated)")
-    ax.set_xticks(ticks, labels, rotation=20 if others else 0)
-    if others:
-        ax.axvline(n_states - 0.25, color="lightgrey", linewidth=1)
-    ax.set_xlabel(f"hidden state (0 = embedding output, {n_states - 1} = last layer); other views at right")
+    hidden_state_axis(ax, n_states, ticks, labels, bool(others))
     ax.set_ylabel(f"score on the validation words ({metric_name} and accuracies)")
     ax.set_ylim(max(0.0, min(lows) - 0.05), 1.02)
     ax.grid(True, axis="y", alpha=0.3)
@@ -97,6 +84,4 @@ def token_probe_figure(result: dict[str, Any]) -> Figure:
 
 
 def token_probe_png(result: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    FigureCanvasAgg(token_probe_figure(result)).print_png(buf)
-    return buf.getvalue()
+    return png_bytes(token_probe_figure(result))
