@@ -28,7 +28,7 @@ import numpy as np
 
 from . import int8
 from .keys import ExtractionConfig
-from .shard import CorruptShardError, ShardContents, ShardReader
+from .shard import CorruptShardError, ShardContents
 from .store import FeatureStore
 
 __all__ = ["compact", "CompactSummary"]
@@ -78,11 +78,10 @@ def _merge(store: FeatureStore, names: list[str], model: str, config: str, pooli
         if not live:
             merged.append(name)
             continue
-        reader = ShardReader(store.shard_dir / name)
+        reader = store.storage.open(name)  # a handle of its own: closed once its rows are copied
         try:
             rows = np.array([r for _, r, _, _ in live], dtype=np.int64)
-            got = [k.decode() for k in reader._read_rows("keys", rows)]
-            if got != [k for k, _, _, _ in live]:
+            if reader.read_keys(rows) != [k for k, _, _, _ in live]:
                 raise CorruptShardError(reader.path, "rows do not hold the keys the catalog lists")
             # keep the stored dtype: compaction must not change a single bit (int8: with its scales)
             blocks = {p: reader.read_pooled_stored(rows, p) for p in poolings}
@@ -106,9 +105,7 @@ def _merge(store: FeatureStore, names: list[str], model: str, config: str, pooli
                               for p, v in pooled.items()})
     new_name = f"compact-{uuid.uuid4().hex[:12]}-00000"
     store.write(new_name, contents, model=model, config=cfg, replaces=merged)
-    for name in merged:
-        store._forget_reader(name)
-        (store.shard_dir / name).unlink(missing_ok=True)
+    store.discard(merged)
     summary.shards_merged += len(merged)
     summary.shards_written += 1
     summary.rows += len(keys)

@@ -48,23 +48,19 @@ def clean_leftovers(store: FeatureStore, queue: JobQueue, *, started: float) -> 
     held = set(queue.running_owners())
     removed = {"shard_files": 0, "head_temp_dirs": 0, "server_json": 0, "request_texts": 0,
                "engine_temp_files": 0}
-    for p in sorted(store.shard_dir.iterdir()):
-        temp = p.name.endswith(".h5.tmp")
-        name = p.name.removesuffix(".tmp")
+    for s in sorted(store.storage.list(temp=True), key=lambda s: s.name):
+        temp = s.name.endswith(".h5.tmp")
+        name = s.name.removesuffix(".tmp")
         if not name.endswith(".h5") or name.startswith("compact-"):
             continue
         job = name.removesuffix(".h5").rpartition("-")[0]
-        if job in held:
-            continue
-        try:
-            if p.stat().st_mtime >= started:
-                continue
-        except FileNotFoundError:
+        if job in held or s.mtime >= started:
             continue
         if not temp and store.catalog.shard_info(name) is not None:
             continue  # committed: not a leftover
-        p.unlink(missing_ok=True)
-        removed["shard_files"] += 1
+        # its time asked again as it goes: a worker that claimed the job since writes it afresh
+        if store.storage.delete(s.name, written_before=started):
+            removed["shard_files"] += 1
     heads = store.root / "heads"
     if heads.is_dir():
         for d in heads.glob(".hd_*.tmp-*"):

@@ -32,12 +32,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
-import numpy as np
-
 from .catalog import Catalog
 from .datasets import DatasetStore
 from .jobs import JobQueue
+from .shard import CorruptShardError, StoredShard
+from .storage import DEFAULT_STORAGE, ShardStorage, open_storage
 
 __all__ = ["CatalogDamaged", "PostgresDirectory", "RepairReport", "check_catalog",
            "refuse_postgres_directory", "reindex_catalog", "repair_catalog"]
@@ -133,27 +132,31 @@ def _salvage(path: Path, report: RepairReport) -> tuple[dict[str, str], dict[str
     return schema, rows
 
 
-def _shard_files(shard_dir: Path) -> Iterator[Path]:
+def _shard_files(storage: ShardStorage) -> Iterator[StoredShard]:
     # oldest first: where two shards hold a key (a re-run, a compaction), the later wins,
     # as it did when they were committed
-    yield from sorted(shard_dir.glob("*.h5"), key=lambda p: (p.stat().st_mtime, p.name))
+    yield from sorted(storage.list(), key=lambda s: (s.mtime, s.name))
 
 
-def _index_shard(cat: Catalog, path: Path) -> int:
-    """Register one shard from what it carries; OSError/KeyError/ValueError if it is damaged."""
-    with h5py.File(path, "r") as f:
-        model = f.attrs["model_fingerprint"]
-        config = f.attrs["extraction_config"]
-        keys = [k.decode() for k in f["keys"][:]]
-        n_tokens = np.asarray(f["n_tokens"][:]).tolist()
-        truncated = np.asarray(f["truncated"][:]).astype(bool).tolist()
-        has_tokens = "tokens" in f
-        if not (len(keys) == len(n_tokens) == len(truncated)) or "pooled" not in f:
-            raise ValueError("keys, n_tokens and truncated disagree in length, or no pooled states")
+def _index_shard(cat: Catalog, storage: ShardStorage, shard: StoredShard) -> int:
+    """Register one shard from what it carries; CorruptShardError (an OSError) if it is damaged."""
+    reader = storage.open(shard.name)
+    try:
+        index = reader.read_index()
+    finally:
+        reader.close()
     # poolings are left for FeatureStore to read from the file when it opens the store
-    cat.commit_shard(path.name, str(model), str(config), keys, n_tokens, truncated,
-                     has_tokens=has_tokens, n_bytes=path.stat().st_size)
-    return len(keys)
+    cat.commit_shard(shard.name, index.model, index.config, index.keys, index.n_tokens, index.truncated,
+                     has_tokens=index.has_tokens, n_bytes=shard.n_bytes)
+    return len(index.keys)
+
+
+def _quarantine(storage: ShardStorage, shard: StoredShard, error: Exception, report: RepairReport) -> None:
+    if isinstance(error, CorruptShardError):  # what HDF5 said, not the reader's wrapping of it
+        error = error.__cause__ if isinstance(error.__cause__, Exception) else ValueError(error.reason)
+    log.error("shard %s cannot be read (%s): moved to quarantine/", shard.name, error)
+    storage.quarantine(shard.name)
+    report.quarantined.append(shard.name)
 
 
 class PostgresDirectory(RuntimeError):
@@ -178,8 +181,9 @@ def refuse_postgres_directory(root: Path) -> None:
             "first); no catalog.sqlite is written here, with or without --force")
 
 
-def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
-    """Rebuild ``data_dir/catalog.sqlite``: key index from the shards, other tables salvaged."""
+def repair_catalog(data_dir: str | os.PathLike[str], storage: ShardStorage | None = None) -> RepairReport:
+    """Rebuild ``data_dir/catalog.sqlite``: key index from the shards (in ``storage``, default the
+    data directory's own), other tables salvaged."""
     root = Path(data_dir)
     path = root / "catalog.sqlite"
     refuse_postgres_directory(root)
@@ -217,16 +221,13 @@ def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
                 report.lost[table] = f"{len(got):,} rows read but not accepted by the new catalog ({e})"
                 continue
             report.kept[table] = len(got)
-        quarantine = root / "quarantine"
-        quarantine.mkdir(exist_ok=True)
-        for shard in _shard_files(root / "shards"):
+        shards = storage or open_storage(DEFAULT_STORAGE, root=root)
+        for shard in _shard_files(shards):
             try:
-                report.keys += _index_shard(cat, shard)
+                report.keys += _index_shard(cat, shards, shard)
                 report.shards += 1
             except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
-                log.error("shard %s cannot be read (%s): moved to quarantine/", shard.name, e)
-                shutil.move(str(shard), str(quarantine / shard.name))
-                report.quarantined.append(shard.name)
+                _quarantine(shards, shard, e, report)
         report.keys = cat.stats()["keys"]  # distinct keys (a key in two shards counts once)
     finally:
         cat.close()
@@ -235,7 +236,8 @@ def repair_catalog(data_dir: str | os.PathLike[str]) -> RepairReport:
     return report
 
 
-def reindex_catalog(data_dir: str | os.PathLike[str], url: str) -> RepairReport:
+def reindex_catalog(data_dir: str | os.PathLike[str], url: str,
+                    storage: ShardStorage | None = None) -> RepairReport:
     """Make a PostgreSQL catalog's key index match the shard files (the truth).
 
     A shard the catalog lists whose file is gone is forgotten (its keys become
@@ -247,24 +249,21 @@ def reindex_catalog(data_dir: str | os.PathLike[str], url: str) -> RepairReport:
     root = Path(data_dir)
     report = RepairReport()
     cat = Catalog(root / "catalog.sqlite", url)
+    shards = storage or open_storage(DEFAULT_STORAGE, root=root)
     try:
-        files = {p.name for p in (root / "shards").glob("*.h5")}
+        files = {s.name for s in shards.list()}
         for name in sorted(cat.shard_names() - files):
             keys = cat.drop_shard(name)
             report.lost[f"shard {name}"] = f"its file is missing; its {len(keys):,} keys will be encoded again"
         listed = cat.shard_names()
-        quarantine = root / "quarantine"
-        quarantine.mkdir(exist_ok=True)
-        for shard in _shard_files(root / "shards"):
+        for shard in _shard_files(shards):
             if shard.name in listed:
                 continue
             try:
-                _index_shard(cat, shard)
+                _index_shard(cat, shards, shard)
                 report.shards += 1
             except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
-                log.error("shard %s cannot be read (%s): moved to quarantine/", shard.name, e)
-                shutil.move(str(shard), str(quarantine / shard.name))
-                report.quarantined.append(shard.name)
+                _quarantine(shards, shard, e, report)
         report.keys = cat.stats()["keys"]
     finally:
         cat.close()

@@ -28,10 +28,11 @@ directory is fsynced. A crash leaves at most a ``.tmp`` file.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import h5py
 import numpy as np
@@ -40,8 +41,8 @@ from .int8 import Int8Rows, dequantize, quantize, scale_name
 from .poolings import DEFAULT_POOLINGS, POOLING_NAMES, parse_poolings
 from .space import ShardWriteError, as_write_error, check_room, estimate_bytes
 
-__all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "CorruptShardError",
-           "FORMAT_VERSION", "POOLINGS", "StorageRangeError", "ShardWriteError", "fsync_dir"]
+__all__ = ["ShardContents", "TokenRows", "write_shard", "ShardReader", "ShardIndex", "CorruptShardError",
+           "FORMAT_VERSION", "POOLINGS", "StorageRangeError", "ShardWriteError", "StoredShard", "fsync_dir"]
 
 FORMAT_VERSION = 1
 POOLINGS = parse_poolings(DEFAULT_POOLINGS)  # what a shard holds unless the poolings setting says otherwise
@@ -54,6 +55,7 @@ class CorruptShardError(OSError):
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
         super().__init__(f"shard {os.fspath(path)} is damaged: {reason}")
         self.path = os.fspath(path)
+        self.reason = reason
 
 
 # What h5py raises when a file is damaged depends on which structure was hit:
@@ -101,6 +103,30 @@ class ShardContents:
     pooled: Mapping[str, np.ndarray | Int8Rows]
     tokens: list[TokenRows] | None = None
     attrs: dict[str, str | int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoredShard:
+    """One file a shard storage holds (cache/storage.py): ``name`` as the catalog lists it
+    (``job-00000.h5``), or a temp file's (``job-00000.h5.tmp``) when ``temp``; ``mtime`` in
+    seconds since the epoch."""
+
+    name: str
+    n_bytes: int
+    mtime: float
+    temp: bool = False
+
+
+@dataclass
+class ShardIndex:
+    """What the catalog needs to register a shard, read from the shard alone (``layerbank repair``)."""
+
+    model: str
+    config: str
+    keys: list[str]
+    n_tokens: list[int]
+    truncated: list[bool]
+    has_tokens: bool
 
 
 class StorageRangeError(ValueError):
@@ -251,18 +277,21 @@ class ShardReader:
 
     The file is opened on first read and the handle belongs to the process
     that opened it: after a fork the child opens its own (HDF5 handles must
-    not cross a fork).
+    not cross a fork). ``opener``: for a storage without local files, returns
+    a seekable binary file object (range reads) that h5py opens instead of
+    ``path``, which then only names the shard in errors.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, opener: Callable[[], IO[bytes]] | None = None) -> None:
         self.path = os.fspath(path)
+        self._opener = opener
         self._file: h5py.File | None = None
         self._pid = -1
 
     def _open(self) -> h5py.File:
         if self._file is None or self._pid != os.getpid():
             with _damage(self.path, "open"):
-                self._file = h5py.File(self.path, "r")
+                self._file = h5py.File(self._opener() if self._opener else self.path, "r")
             self._pid = os.getpid()
         return self._file
 
@@ -313,9 +342,25 @@ class ShardReader:
                 return tuple(p for p in str(attr).split(",") if p)
             return tuple(p for p in POOLING_NAMES if p in f["pooled"])
 
-    def read_keys(self) -> list[str]:
+    def read_keys(self, rows: np.ndarray | Sequence[int] | None = None) -> list[str]:
+        """The keys of ``rows`` (any order, repeats allowed), or of every row."""
+        if rows is not None:
+            return [k.decode() for k in self._read_rows("keys", np.asarray(rows, dtype=np.int64))]
         with _damage(self.path, "keys"):
             return [k.decode() for k in self._open()["keys"][:]]
+
+    def read_index(self) -> ShardIndex:
+        """Keys, token counts, truncation flags, model and config: enough to re-index the shard."""
+        with _damage(self.path, "index"):
+            f = self._open()
+            index = ShardIndex(str(f.attrs["model_fingerprint"]), str(f.attrs["extraction_config"]),
+                               [k.decode() for k in f["keys"][:]], np.asarray(f["n_tokens"][:]).tolist(),
+                               np.asarray(f["truncated"][:]).astype(bool).tolist(), "tokens" in f)
+            has_pooled = "pooled" in f
+        if not (len(index.keys) == len(index.n_tokens) == len(index.truncated)) or not has_pooled:
+            raise CorruptShardError(self.path, "keys, n_tokens and truncated disagree in length, "
+                                    "or no pooled states")
+        return index
 
     @staticmethod
     def _token_layers(n_states: int, layers: list[int] | None) -> list[int]:

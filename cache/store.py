@@ -9,6 +9,9 @@ Directory layout under ``data_dir``::
     shards/*.h5         committed, write-once shards
     quarantine/*.h5     shards whose checksum failed, kept for inspection
 
+(the last two are the default shard storage's, cache/storage_local.py; every
+shard file is reached through the store's ``storage``, cache/storage.py).
+
 Reads gather rows by key across shards and return them in the caller's
 order. A shard that fails its checksum is quarantined on the spot: its keys
 are dropped from the catalog (so they become misses and are recomputed) and
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,7 +38,9 @@ import numpy as np
 from .catalog import Catalog, Entry, catalog_url, redacted
 from .keys import ExtractionConfig, text_key
 from .poolings import POOLING_NAMES
-from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows, write_shard
+from .shard import CorruptShardError, ShardContents, ShardReader, TokenRows
+from .storage import DEFAULT_STORAGE, ShardStorage, open_storage
+from .storage_local import LocalShardStorage
 from .views import View
 
 __all__ = ["POSTGRES_MARKER", "CatalogMismatch", "FeatureStore", "ReadResult"]
@@ -71,16 +75,15 @@ class FeatureStore:
     """Keys in, feature rows out; shards written once and committed atomically."""
 
     def __init__(self, data_dir: str | os.PathLike[str], *, clean: bool = False,
-                 catalog_url: str | None = None) -> None:
+                 catalog_url: str | None = None, storage: str | ShardStorage = DEFAULT_STORAGE) -> None:
         """``catalog_url``: a PostgreSQL catalog (default: ``LAYERBANK_CATALOG_URL``, else
         ``catalog.sqlite`` in ``data_dir``). ``clean``: remove a crash's leftovers, for a
         process that holds the directory alone (SQLite); beside replicas only the
-        worker's careful clean-up runs (cache/leftovers.py)."""
+        worker's careful clean-up runs (cache/leftovers.py). ``storage``: where the shards
+        live, a registered name (cache/storage.py) or a storage itself."""
         self.root = Path(data_dir)
-        self.shard_dir = self.root / "shards"
-        self.quarantine_dir = self.root / "quarantine"
-        for d in (self.root, self.shard_dir, self.quarantine_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.storage = open_storage(storage, root=self.root) if isinstance(storage, str) else storage
         self._check_catalog_kind(catalog_url)
         self.catalog = Catalog(self.root / "catalog.sqlite", catalog_url)
         if self.catalog.dialect == "postgres":
@@ -90,6 +93,21 @@ class FeatureStore:
         self._lock = threading.Lock()
         if clean and self.catalog.dialect == "sqlite":
             self.clean()
+
+    @property
+    def shard_dir(self) -> Path:
+        """The shard directory of the default (local) storage, for tests and tools that look
+        at the files; the store itself goes through ``storage``."""
+        return self._local().shard_dir
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self._local().quarantine_dir
+
+    def _local(self) -> LocalShardStorage:
+        if not isinstance(self.storage, LocalShardStorage):
+            raise AttributeError(f"the {self.storage.name!r} shard storage has no local directory")
+        return self.storage
 
     # -- which catalog indexes this directory ------------------------------
     def _check_catalog_kind(self, url: str | None) -> None:
@@ -123,13 +141,13 @@ class FeatureStore:
         """
         committed = self.catalog.shard_names()
         removed_tmp = removed_orphans = 0
-        for p in self.shard_dir.iterdir():
-            if p.name.endswith(".tmp"):
-                p.unlink(missing_ok=True)
+        for s in self.storage.list(temp=True):
+            if s.temp:
+                self.storage.delete(s.name)
                 removed_tmp += 1
-            elif p.suffix == ".h5" and p.name not in committed:
+            elif s.name not in committed:
                 # written and renamed, but the process died before the catalog commit
-                p.unlink(missing_ok=True)
+                self.storage.delete(s.name)
                 removed_orphans += 1
         if removed_tmp or removed_orphans:
             log.warning("removed %d temp files and %d uncommitted shards left by a crash",
@@ -144,7 +162,7 @@ class FeatureStore:
         every such shard held); its first read quarantines it as before.
         """
         for name in self.catalog.shards_without_poolings():
-            reader = ShardReader(self.shard_dir / name)
+            reader = self.storage.open(name)
             try:
                 self.catalog.set_poolings(name, reader.poolings())
             except CorruptShardError as e:
@@ -162,22 +180,39 @@ class FeatureStore:
         contents.attrs.setdefault("model_fingerprint", model)
         contents.attrs.setdefault("extraction_config", config.canonical())
         self._forget_reader(fname)
-        n_bytes = write_shard(self.shard_dir / fname, contents, config.storage_dtype)
+        n_bytes = self.storage.write(fname, contents, config.storage_dtype)
+        self.commit(name, model=model, config=config.canonical(), keys=contents.keys,
+                    n_tokens=contents.n_tokens, truncated=contents.truncated,
+                    has_tokens=contents.tokens is not None, n_bytes=n_bytes,
+                    poolings=list(contents.pooled), replaces=replaces)
+        return n_bytes
+
+    def commit(self, name: str, *, model: str, config: str, keys: Sequence[str],
+               n_tokens: Sequence[int] | np.ndarray, truncated: Sequence[bool] | np.ndarray,
+               has_tokens: bool, n_bytes: int, poolings: Sequence[str],
+               replaces: Sequence[str] = ()) -> None:
+        """Commit shard ``name`` (``<job>-<part>``), already written to ``storage`` by another
+        process (a Ray actor); ``write`` does both steps. ``config``: its canonical JSON."""
+        fname = name + ".h5"
+        self._forget_reader(fname)  # a handle on the file this name had before
         try:
-            self.catalog.commit_shard(fname, model, config.canonical(), contents.keys,
-                                      contents.n_tokens, contents.truncated,
-                                      has_tokens=contents.tokens is not None, n_bytes=n_bytes,
-                                      poolings=list(contents.pooled),
+            self.catalog.commit_shard(fname, model, config, keys, n_tokens, truncated,
+                                      has_tokens=has_tokens, n_bytes=n_bytes, poolings=list(poolings),
                                       replaces=replaces)
         except BaseException:
             # not in the catalog, so never read: give its space back now, not at the next start
             try:
                 if fname not in self.catalog.shard_names():
-                    (self.shard_dir / fname).unlink(missing_ok=True)
+                    self.storage.delete(fname)
             except Exception:  # the catalog is unreadable too: the next start removes it
                 log.exception("could not remove uncommitted shard %s", fname)
             raise
-        return n_bytes
+
+    def discard(self, shards: Sequence[str]) -> None:
+        """Delete the files of shards the catalog no longer lists (a compaction replaced them)."""
+        for shard in shards:
+            self._forget_reader(shard)
+            self.storage.delete(shard)
 
     def is_committed(self, name: str) -> bool:
         return self.catalog.shard_info(name + ".h5") is not None
@@ -191,7 +226,7 @@ class FeatureStore:
         with self._lock:
             r = self._readers.get(shard)
             if r is None:
-                r = ShardReader(self.shard_dir / shard)
+                r = self.storage.open(shard)
                 self._readers[shard] = r
                 while len(self._readers) > _MAX_OPEN:
                     self._readers.popitem(last=False)[1].close()
@@ -209,9 +244,7 @@ class FeatureStore:
         """Move a damaged shard aside and drop its keys so they are recomputed."""
         self._forget_reader(shard)
         keys = self.catalog.drop_shard(shard)
-        src = self.shard_dir / shard
-        if src.exists():
-            shutil.move(str(src), str(self.quarantine_dir / shard))
+        self.storage.quarantine(shard)
         self.catalog.bump("quarantined_shards")
         log.error("quarantined shard %s (%s); %d keys will be recomputed", shard, reason, len(keys))
         return keys
@@ -272,10 +305,10 @@ class FeatureStore:
         """
         for _ in (0, 1):
             reader = self._reader(shard)
-            if [g.decode() for g in reader._read_rows("keys", rows)] == want:
+            if reader.read_keys(rows) == want:
                 return reader
             self._forget_reader(shard)
-        raise CorruptShardError(self.shard_dir / shard, "rows do not hold the keys the catalog lists")
+        raise CorruptShardError(reader.path, "rows do not hold the keys the catalog lists")
 
     def read_view(self, keys: Sequence[str], view: View, pooling: str,
                   n_hidden_states: int) -> ReadResult:

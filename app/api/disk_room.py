@@ -16,9 +16,9 @@ Example::
 from __future__ import annotations
 
 import os
-import shutil
 
 from layerbank.app.api.errors import InsufficientStorage
+from layerbank.cache.storage import DEFAULT_STORAGE, open_storage
 
 __all__ = ["MIN_FREE_BYTES", "require_free_disk"]
 
@@ -30,11 +30,11 @@ def require_free_disk(data_dir: str | os.PathLike[str], what: str, nothing_done:
 
     ``what`` names the work ("probe and head jobs"), ``nothing_done`` what did not
     happen ("nothing was queued"); a disk whose room cannot be read passes (the
-    writes themselves then report a full disk as 507).
+    writes themselves then report a full disk as 507). The room is the shard
+    storage's answer (cache/storage.py; the local one: the data directory's disk).
     """
-    try:
-        free = shutil.disk_usage(data_dir).free
-    except OSError:
+    free = open_storage(DEFAULT_STORAGE, root=data_dir, create=False).free_bytes()
+    if free is None:
         return
     if free < MIN_FREE_BYTES:
         raise InsufficientStorage(f"the disk holding the data directory is full ({free:,} bytes free; {what} "

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_postgres_directory,
         repair_catalog,
     )
+    from layerbank.cache.storage_local import LocalShardStorage
 
     settings = settings_from(args)
     data_dir, url = settings.data_dir, settings.catalog_url
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_postgres_directory(data_dir)
     except PostgresDirectory as e:
         fail(str(e))
-    if not (data_dir / "shards").is_dir() and not (data_dir / "catalog.sqlite").exists():
+    if not LocalShardStorage(data_dir, create=False).exists() and not (data_dir / "catalog.sqlite").exists():
         fail(f"{data_dir} is not a layerbank data directory (no catalog.sqlite, no shards/)")
     lock = DataDirLock(data_dir)
     try:
@@ -83,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
 def _reindex(data_dir: Path, url: str) -> int:
     from layerbank.cache.catalog import redacted
     from layerbank.cache.repair import reindex_catalog
+    from layerbank.cache.storage_local import LocalShardStorage
 
-    if not (data_dir / "shards").is_dir():
+    if not LocalShardStorage(data_dir, create=False).exists():
         fail(f"{data_dir} holds no shards/ directory")
     try:
         report = reindex_catalog(data_dir, url)

@@ -9,7 +9,10 @@ Two properties a newcomer relies on when they read the folder names:
   ``layerbank.app`` or ``layerbank.workers``; ``workers`` never imports
   ``layerbank.app``; ``app/api`` (the HTTP layer) never imports torch,
   transformers or ``layerbank.workers``; ``app/probes`` (the probe engine) imports nothing
-  of ``app/api``.
+  of ``app/api``;
+- shards are reached only through the storage interface (cache/storage.py): nothing
+  outside the shard format and the storage modules imports h5py, names the shard or
+  quarantine directory, or lists it.
 """
 
 from __future__ import annotations
@@ -194,3 +197,57 @@ def test_only_the_settings_module_reads_the_environment() -> None:
         {m: found[m] for m in set(found) - set(ENVIRON_ALLOWED)}
     # an allowance nothing needs any more goes too
     assert sorted(set(ENVIRON_ALLOWED) - set(found)) == []
+
+
+# the shard format (HDF5) and the storage backends: the only modules that touch shard files
+STORAGE_MODULES = ("layerbank.cache.shard", "layerbank.cache.storage", "layerbank.cache.storage_local")
+# modules outside them that open an HDF5 file of their own, and why it is not a shard
+H5PY_ALLOWED = {
+    "layerbank.app.feature_files": "writes the user's own --out features.h5 (a matrix and its texts), "
+                                   "never a shard nor anything in the data directory",
+}
+# FeatureStore keeps the local storage's two directories as properties, for tests and tools
+# that look at the files; the store itself reads and writes through its storage
+SHARD_DIR_ALLOWED = {"layerbank.cache.store": "shard_dir and quarantine_dir properties (local storage only)"}
+_LISTING = {"iterdir", "glob", "rglob", "listdir", "scandir", "walk"}
+_SHARD_DIRS = {"shards", "quarantine"}
+
+
+def _shard_directory_uses(path: Path) -> list[str]:
+    """Where a module reaches the shard directory itself: ``x / "shards"`` (or "quarantine"),
+    a path string starting ``shards/``, the ``shard_dir``/``quarantine_dir`` attributes, or a
+    listing (iterdir, glob, listdir, ...) of anything whose expression names a shard."""
+    source = path.read_text(encoding="utf-8")
+    found = []
+    for node in ast.walk(ast.parse(source, str(path))):
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+                and node.right.value in _SHARD_DIRS):
+            found.append(f"{node.lineno}: / {node.right.value!r}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.split("/", 1)[0] in _SHARD_DIRS and "/" in node.value:
+            found.append(f"{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in ("shard_dir", "quarantine_dir"):
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _LISTING and "shard" in (ast.get_source_segment(source, node) or "").lower():
+                found.append(f"{node.lineno}: {name}()")
+    return found
+
+
+def _is_storage(m: str) -> bool:
+    return m in STORAGE_MODULES
+
+
+def test_only_the_storage_modules_open_hdf5_files() -> None:
+    found = sorted({m for m in MODULES if not _is_storage(m) and "h5py" in GRAPH[m]})
+    assert "h5py" in GRAPH["layerbank.cache.shard"]  # the scan sees the format's own import
+    assert found == sorted(H5PY_ALLOWED)  # an allowance nothing needs any more goes too
+
+
+def test_only_the_storage_modules_reach_the_shard_directory() -> None:
+    found = {m: uses for m, path in MODULES.items() if not _is_storage(m) and (uses := _shard_directory_uses(path))}
+    assert _shard_directory_uses(MODULES["layerbank.cache.storage_local"])  # the scan sees the backend's own
+    assert sorted(set(found) - set(SHARD_DIR_ALLOWED)) == [], {m: found[m] for m in set(found) - set(SHARD_DIR_ALLOWED)}
+    assert sorted(set(SHARD_DIR_ALLOWED) - set(found)) == []
