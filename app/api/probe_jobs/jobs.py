@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -114,34 +113,9 @@ def _exit_without_parent(job_id: str, parent_pid: int | None) -> Callable[[], No
     return on_beat
 
 
-# -- cancelling a job mid-computation, running out of memory -------------------------------
-_CANCEL_POLL_S = 0.5  # how often the job's row is asked whether it was cancelled
-_CANCEL_GRACE_S = 1.0  # time for the job to stop at its own next check first
-
-
+# -- running out of memory (a cancelled job's process is ended by the server: service.py) --
 class ProbeOutOfMemory(JobInputError):
     """The job outgrew its process's memory limit (settings.probe_memory_mb)."""
-
-
-def _watch_cancel(queue: JobQueue, job_id: str, done: threading.Event) -> None:
-    """End this process once the job is cancelled: a solver's fit (minutes, gigabytes) checks
-    no flag, and a cancelled job must give its memory back within seconds, not when it ends.
-
-    Only in a pool process (``run_job(..., exit_on_cancel=True)``): the pool sees the process
-    gone, finds the job cancelled and makes a fresh pool (app/api/probe_jobs/service.py)."""
-    while not done.wait(_CANCEL_POLL_S):
-        try:
-            job = queue.get(job_id)
-        except Exception:  # a busy catalog: ask again
-            continue
-        # a row already marked cancelled (not only asked to be) ends the computation too
-        if job is None or job.state == "cancelled" or (job.cancel_requested and job.state == "running"):
-            if done.wait(_CANCEL_GRACE_S):
-                return  # it stopped by itself
-            if job is not None and job.cancel_requested and job.state != "cancelled":
-                queue.mark_cancelled(job_id)
-            log.info("job %s cancelled while computing; ending its probe process", job_id)
-            os._exit(0)
 
 
 def _memory_message(e: MemoryError) -> str:
@@ -153,17 +127,13 @@ def _memory_message(e: MemoryError) -> str:
 
 # -- the entry point ------------------------------------------------------------------
 def run_job(data_dir: str, job_id: str, owner: str, lease_s: float = 30.0, heartbeat_s: float = 5.0,
-            parent_pid: int | None = None, exit_on_cancel: bool = False) -> str:
+            parent_pid: int | None = None) -> str:
     """Run one claimed job to its end and record the outcome; returns the final state.
 
-    ``exit_on_cancel``: end this process when the job is cancelled mid-computation
-    (a pool process only)."""
+    A job cancelled while it computes stops at its next progress check, or sooner: the
+    server ends the pool process that runs it (app/api/probe_jobs/service.py)."""
     store = FeatureStore(data_dir)
     queue = JobQueue(store.catalog)
-    done = threading.Event()
-    if exit_on_cancel:
-        threading.Thread(target=_watch_cancel, args=(queue, job_id, done), name=f"cancel-{job_id}",
-                         daemon=True).start()
     try:
         job = queue.get(job_id)
         if job is None or job.state != "running":
@@ -183,7 +153,6 @@ def run_job(data_dir: str, job_id: str, owner: str, lease_s: float = 30.0, heart
 
         return run_claimed(queue, job, owner, run, lease, shown=_USER_ERRORS)
     finally:
-        done.set()
         store.close()
 
 

@@ -26,9 +26,16 @@ only tells the dispatcher that a slot is free.
   that outgrows its budget fails with the reason (app/api/probe_jobs/jobs.py) instead
   of taking the host's memory; requests are costed before they are queued
   (app/api/probe_jobs/memory_cost.py).
-- Cancelling: a job cancelled while it computes (``DELETE``) is stopped by
-  its own process within about a second (app/api/probe_jobs/jobs.py ends the
-  process); the pool is made afresh for the next job.
+- Cancelling: a job cancelled while it computes (``DELETE``, on this server or
+  another replica: it only marks the row) is ended here, by the parent: every
+  dispatcher tick (``_IDLE_POLL_S``) reads the rows of the running jobs, and one
+  asked to stop is marked cancelled and its pool process killed (SIGKILL), so its
+  memory is back within a second whatever the solver is doing. Each pool process
+  says which job it runs and its pid (a queue given to ``_init_child``); the pool
+  is made afresh for the next job, and a job that shared the killed pool goes
+  back to the queue without an attempt counted. (A thread inside the pool
+  process watched for the cancel before; in about half of the runs it never
+  ended the process.)
 - Shutdown: running jobs are handed back to the queue (no attempt counted)
   and the pool's processes are terminated; the next start runs them again.
 
@@ -47,6 +54,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import threading
 import uuid
@@ -78,13 +86,22 @@ _LOADED_HEADS = 16
 PROBE_PROCESS_OVERHEAD_MB = 1536
 
 
-def _init_child(memory_limit_mb: int | None = None) -> None:
+# in a pool process: where it says which job it runs (``_init_child``); None in the server
+_STARTED: Any = None
+
+
+def _init_child(memory_limit_mb: int | None = None, started: Any = None) -> None:
     """Runs first in every pool process, before numpy is imported there.
 
     ``memory_limit_mb``: the process's address space (RLIMIT_AS), so a job that
     outgrows the budget gets a MemoryError (its job fails with the reason,
     app/api/probe_jobs/jobs.py) instead of taking the host's memory. With one BLAS thread
-    (below), OpenBLAS reserves no per-thread buffers that the limit would break."""
+    (below), OpenBLAS reserves no per-thread buffers that the limit would break.
+
+    ``started``: a queue on which ``_run`` puts ``(job id, pid)`` as each job begins,
+    so the server can end the process that runs a cancelled job."""
+    global _STARTED
+    _STARTED = started
     for var in _CHILD_THREAD_ENV:
         os.environ[var] = "1"
     if memory_limit_mb:
@@ -102,9 +119,10 @@ def _run(data_dir: str, job_id: str, owner: str, lease_s: float, heartbeat_s: fl
          parent_pid: int) -> str:
     from layerbank.app.api.probe_jobs.jobs import run_job  # imported in the child, after _init_child
 
-    # a cancelled job ends its process, but only a pool process (tests run jobs in threads)
-    in_child = multiprocessing.parent_process() is not None
-    return run_job(data_dir, job_id, owner, lease_s, heartbeat_s, parent_pid, exit_on_cancel=in_child)
+    # only a pool process says where it runs (tests run jobs in threads of the server)
+    if _STARTED is not None and multiprocessing.parent_process() is not None:
+        _STARTED.put((job_id, os.getpid()))
+    return run_job(data_dir, job_id, owner, lease_s, heartbeat_s, parent_pid)
 
 
 class ProbeService:
@@ -120,6 +138,11 @@ class ProbeService:
         self.executor_factory: Callable[[], Executor] = executor_factory or self._process_pool
         self._executor: Executor | None = None
         self._running: dict[str, Future[str]] = {}
+        self._ran_in: dict[str, Executor] = {}  # job id -> the pool it was given to
+        self._started: Any = None  # the pool processes' (job id, pid) queue (_init_child)
+        self._pids: dict[str, int] = {}  # job id -> the pool process running it
+        self._killed: set[str] = set()  # jobs whose process this server ended (cancelled)
+        self._cancel_broken: list[Executor] = []  # pools broken by ending a cancelled job's process
         self.claimer = Claimer(self.queue, self.owner, JOB_KINDS, self.settings.lease_seconds)
         self._wake: asyncio.Event | None = None
         self._outage = OutageWait(log)
@@ -133,9 +156,11 @@ class ProbeService:
 
     def _process_pool(self) -> Executor:
         limit = int(self.settings.probe_memory_mb) + PROBE_PROCESS_OVERHEAD_MB
-        return ProcessPoolExecutor(max_workers=self.settings.probe_processes,
-                                   mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_child, initargs=(limit,))
+        ctx = multiprocessing.get_context("spawn")
+        if self._started is None:
+            self._started = ctx.SimpleQueue()
+        return ProcessPoolExecutor(max_workers=self.settings.probe_processes, mp_context=ctx,
+                                   initializer=_init_child, initargs=(limit, self._started))
 
     # -- life cycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -160,6 +185,8 @@ class ProbeService:
                 proc.terminate()
             executor.shutdown(wait=False, cancel_futures=True)
         self._running.clear()
+        self._ran_in.clear()
+        self._pids.clear()
 
     def _release_orphans(self) -> None:
         """Requeue probe/head jobs whose server process on this host is gone."""
@@ -197,6 +224,7 @@ class ProbeService:
         while True:
             pause = _IDLE_POLL_S
             try:
+                await self._end_cancelled()
                 await self._dispatch()
                 self._outage.over()
             except Exception as e:
@@ -223,6 +251,7 @@ class ProbeService:
             fut = self._executor.submit(_run, str(s.data_dir), job.id, self.owner, s.lease_seconds,
                                         s.heartbeat_seconds, os.getpid())
             self._running[job.id] = fut
+            self._ran_in[job.id] = self._executor
             loop = self._loop
             assert loop is not None
             fut.add_done_callback(partial(self._done_in_thread, loop, job.id))
@@ -237,28 +266,85 @@ class ProbeService:
     def _finished(self, job_id: str, fut: Future[str]) -> None:
         if self._running.pop(job_id, None) is None:
             return  # closed meanwhile
+        pool = self._ran_in.pop(job_id, None)
+        self._pids.pop(job_id, None)
+        killed = job_id in self._killed
+        self._killed.discard(job_id)
         exc = fut.exception() if not fut.cancelled() else None
         job = self.queue.get(job_id) if exc is not None else None
-        if exc is not None and job is not None and job.state == "cancelled":
-            # app/api/probe_jobs/jobs.py ends the process of a job cancelled mid-computation
+        if exc is not None and (killed or (job is not None and job.state == "cancelled")):
             log.info("job %s cancelled; its probe process was stopped", job_id)
-            broken, self._executor = self._executor, None
-            if broken is not None:
-                broken.shutdown(wait=False, cancel_futures=True)
+            self._drop_pool(pool)
+        elif exc is not None and isinstance(exc, BrokenProcessPool) and pool in self._cancel_broken:
+            # it shared the pool whose process ran a cancelled job: not its fault, run it again
+            log.warning("job %s: its pool was stopped to end a cancelled job; requeued", job_id)
+            self.queue.release(job_id, self.owner, died=False)
         elif exc is not None:
             # run_job records every outcome itself: this is the process dying under it
             log.error("job %s: its probe process failed: %s: %s", job_id, type(exc).__name__, exc)
             if self.queue.release(job_id, self.owner, died=True):
                 log.warning("job %s requeued (attempt counted)", job_id)
             if isinstance(exc, BrokenProcessPool):
-                broken, self._executor = self._executor, None
-                if broken is not None:
-                    broken.shutdown(wait=False, cancel_futures=True)
+                self._drop_pool(pool)
         else:
             log.info("job %s: %s", job_id, fut.result())
+        if self._cancel_broken and not any(p in self._cancel_broken for p in self._ran_in.values()):
+            self._cancel_broken.clear()  # every job of the pools broken for a cancel is accounted for
         self.forget_head(None)  # a head may have been (re)written
         assert self._wake is not None
         self._wake.set()
+
+    def _drop_pool(self, pool: Executor | None) -> None:
+        """A pool that lost a process is broken: the next job gets a fresh one."""
+        if pool is None or pool is not self._executor:
+            return  # replaced already
+        self._executor = None
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- cancelling a job that computes -------------------------------------------------
+    def _note_pids(self) -> None:
+        """Read what the pool processes said: which job each one started."""
+        q = self._started
+        while q is not None and not q.empty():
+            job_id, pid = q.get()
+            if job_id in self._running:
+                self._pids[job_id] = int(pid)
+
+    async def _end_cancelled(self) -> None:
+        """End the process of every running job whose row asks for a cancel (DELETE, on any
+        replica). The solver checks no flag and holds gigabytes: only its process's end gives
+        them back at once. The job's own checks still stop it where no process is known
+        (tests run jobs in threads)."""
+        self._note_pids()  # every tick: a pipe nobody reads would block the processes' put
+        running = [j for j in self._running if j not in self._killed]
+        if not running:
+            return
+
+        def asked() -> list[str]:
+            out = []
+            for job_id in running:
+                job = self.queue.get(job_id)
+                if job is not None and job.cancel_requested and job.state in ("running", "cancelled"):
+                    out.append(job_id)
+            return out
+
+        for job_id in await asyncio.to_thread(asked):
+            self._note_pids()  # a process may have said so while the rows were read
+            fut, pid = self._running.get(job_id), self._pids.get(job_id)
+            if fut is None or fut.done() or pid is None:
+                continue  # over meanwhile, or not started in its process yet: the next tick
+            await asyncio.to_thread(self.queue.mark_cancelled, job_id)  # before: the row says why
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._killed.add(job_id)
+            log.info("job %s cancelled while computing; its probe process %d was ended", job_id, pid)
+            pool = self._ran_in.get(job_id)
+            if pool is not None and pool is self._executor:
+                self._cancel_broken.append(pool)
+                self._executor = None  # the next job gets a fresh pool at once
+                pool.shutdown(wait=False, cancel_futures=True)
 
     # -- loaded heads (predict) -----------------------------------------------------
     def _signature(self, head_id: str) -> tuple[tuple[int, int] | None, ...]:

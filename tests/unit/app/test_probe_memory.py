@@ -18,7 +18,6 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import psutil
-import pytest
 
 from layerbank.app.api.probe_jobs.memory_cost import probe_bytes
 from layerbank.app.api.probe_jobs.service import PROBE_PROCESS_OVERHEAD_MB, _init_child
@@ -92,12 +91,6 @@ def test_a_pool_process_works_under_its_memory_limit_and_cannot_pass_it() -> Non
     assert acc > 0.3 and what.startswith("MemoryError"), what
 
 
-# Known intermittent bug, not a flaky test: in about half of the runs near the end of session 5
-# the process still ran 10 s after DELETE (the others took 1.4-1.5 s). The cancel watcher is a
-# thread of the pool process itself; the fix is for the parent to end the process on DELETE.
-# Marked non-strict xfail so the report shows XFAIL/XPASS instead of a pass (issue 25).
-@pytest.mark.xfail(reason="intermittent: the cancel watcher sometimes never ends the process (issue 25)",
-                   strict=False)
 def test_cancelling_a_computing_probe_ends_its_process_and_returns_its_memory(tiny_api_factory) -> None:  # type: ignore[no-untyped-def]
     api = tiny_api_factory()  # the real process pool, not threads
     c = api.client
