@@ -102,6 +102,9 @@ class WorkerOptions:
     compact_after_idle_s: float = 2.0  # merge small shards once the queue has been quiet this long
     compact_min_shards: int = 32  # ... and at least this many small shards exist
     compact_max_rows: int = 256
+    # a regimes job runs in a process of its own under this memory limit (MB; settings.probe_memory_mb,
+    # workers/regimes/process.py); None: in this process, unlimited (the in-process workers of tests)
+    job_memory_mb: int | None = None
 
 
 class Worker:

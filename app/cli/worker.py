@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(store, encoder, WorkerOptions(
         lease_seconds=settings.lease_seconds, heartbeat_seconds=settings.heartbeat_seconds,
         part_size=settings.part_size, max_tokens=settings.max_tokens_per_batch,
-        parent_pid=args.parent_pid), backend=backend, models=models)
+        parent_pid=args.parent_pid, job_memory_mb=settings.probe_memory_mb), backend=backend, models=models)
 
     signals: list[int] = []
 

@@ -11,7 +11,10 @@ frozen features (mean-pooled ``[n, L + 1, d]``) from the store when every text
 is there (otherwise ``run_regimes`` computes them), and calls
 ``layerbank.workers.regimes.run.run_regimes`` on the worker's model and device with the
 worker's ``max_length``, so the trained regimes see the same tokens the store
-was built from. Trained tensors (heads, biases, adapters, layers) go to
+was built from. With a memory limit (``WorkerOptions.job_memory_mb``, which
+``layerbank worker`` sets from ``probe_memory_mb``) it runs in a process of its own
+under that limit (``layerbank.workers.regimes.process``): an overrun is a failed job
+saying so, and a cancel kills that process. Trained tensors (heads, biases, adapters, layers) go to
 ``<data dir>/regimes/<job id>/`` as safetensors, never into the model
 directory; a cancelled job's directory is removed. Progress is reported as
 ``{"done", "total"}`` in epochs (one per frozen probe); cancellation is polled
@@ -52,8 +55,6 @@ def frozen_features(ctx: JobContext, texts: list[str]) -> np.ndarray | None:
 @register_kind("regimes")
 def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
     """Run every requested regime on a labelled dataset; the job's result is run_regimes'."""
-    from layerbank.workers.regimes.run import run_regimes  # torch, peft: only when a regimes job runs
-
     p = ctx.job.payload
     ds_id = p["dataset_id"]
     ds = ctx.datasets.get(ds_id)
@@ -77,12 +78,25 @@ def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
     try:
         options = RegimesOptions.from_payload(p, max_length=int(enc.config.max_length or 512),
                                               device=str(enc.device))
-        result = run_regimes(
-            items.texts, items.labels, options, model_path=enc.name,
-            frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir,
-            progress=lambda done, total: ctx.progress({"done": done, "total": total, **now}),
-            should_cancel=lambda: not ctx.should_continue(), stage=lambda text: now.update(stage=text),
-            eval_sets=eval_sets)
+        memory_mb = getattr(ctx.options, "job_memory_mb", None)
+        if memory_mb:  # a process of its own under the memory limit (workers/regimes/process.py)
+            from layerbank.workers.regimes.process import run_in_process
+
+            result = run_in_process(
+                ctx, items.texts, items.labels, options, model_path=enc.name,
+                frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir, eval_sets=eval_sets,
+                memory_mb=int(memory_mb),
+                on_progress=lambda done, total: ctx.progress({"done": done, "total": total, **now}),
+                on_stage=lambda text: now.update(stage=text))
+        else:  # in this process (in-process workers of the tests and Bank): no limit
+            from layerbank.workers.regimes.run import run_regimes  # torch, peft: only when a regimes job runs
+
+            result = run_regimes(
+                items.texts, items.labels, options, model_path=enc.name,
+                frozen_features=frozen_features(ctx, items.texts), out_dir=out_dir,
+                progress=lambda done, total: ctx.progress({"done": done, "total": total, **now}),
+                should_cancel=lambda: not ctx.should_continue(), stage=lambda text: now.update(stage=text),
+                eval_sets=eval_sets)
     except Cancelled:
         shutil.rmtree(out_dir, ignore_errors=True)  # half a comparison is of no use to anyone
         raise
