@@ -14,6 +14,18 @@ Objective (sklearn's, scaled by 1/n as sklearn does internally)::
 Two classes: one weight row, ``p(class 1) = sigmoid(x w + b)``. More:
 multinomial softmax with one row per class. Same stopping rule as sklearn:
 ``gtol=tol``, ``ftol=64 * eps``, at most ``max_iter`` iterations.
+
+Corpus-sized features (a token probe on a whole corpus: 200k words x 1,536
+for ``concat_last_4``) come as ``StandardizedRows``
+(layerbank.app.probes.standardize): the stored rows (float16 for a wide
+view) with the standardisation folded into the weights, so no standardised
+float32 copy is ever made. Each loss evaluation walks the rows in chunks
+(cast to float32, a few MB, kept in cache for both products): logits
+``x (W / s)^T + (b - mu (W / s)^T)`` and gradient
+``((P - Y)^T x - colsum(P - Y) mu) / s``; subsets of rows (MDL blocks,
+inner-CV folds) are index arrays. Mathematically the same objective as on
+the standardised copy; in float32 the scores differ from it in the 7th
+digit.
 """
 
 from __future__ import annotations
@@ -27,7 +39,9 @@ from scipy.special import expit, log_expit
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 
-__all__ = ["fit_logistic", "fit_logistic_cv", "softmax_decision"]
+from layerbank.app.probes.standardize import StandardizedRows
+
+__all__ = ["decision", "fit_logistic", "fit_logistic_cv", "softmax_decision"]
 
 # Inner-CV fits only rank the Cs by held-out loss, which settles long before
 # the weights do: a 10x looser gtol there cut a third of the work on real
@@ -85,10 +99,52 @@ class _Multinomial:
         return float(loss), grad.ravel()
 
 
-def fit_logistic(Z: np.ndarray, y: np.ndarray, n_classes: int, C: float, *,
+class _Streamed:
+    """Loss and gradient (binary: one row; else softmax) over ``StandardizedRows``, chunk by
+    chunk: the same objective as ``_binary`` / ``_Multinomial`` on the standardised matrix."""
+
+    def __init__(self, Z: StandardizedRows, y: np.ndarray, l2: float, rows: int) -> None:
+        self.Z, self.y, self.l2, self.rows = Z, np.asarray(y, dtype=np.int64), l2, rows
+        self.n, self.d = Z.shape
+
+    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        n, d, rows, Z = self.n, self.d, self.rows, self.Z
+        W = theta.reshape(rows, d + 1)
+        coef = W[:, :-1]
+        v, b = Z.folded(coef, W[:, -1])
+        vt = np.ascontiguousarray(v.T, dtype=Z.dtype)
+        loss = 0.0
+        xg = np.zeros((rows, d))  # sum_i g_i x_i over the raw rows
+        gsum = np.zeros(rows)
+        for a, chunk in Z.chunks():
+            y = self.y[a : a + chunk.shape[0]]
+            z = (chunk @ vt).astype(np.float64)
+            z += b
+            if rows == 1:
+                z1 = z[:, 0]
+                loss += float(np.sum(-log_expit(z1) + (1.0 - y) * z1))
+                g = (expit(z1) - y)[:, None]
+            else:
+                z -= z.max(axis=1, keepdims=True)
+                g = np.exp(z)
+                norm = g.sum(axis=1)
+                loss += float(np.log(norm).sum() - z[np.arange(len(y)), y].sum())
+                g /= norm[:, None]
+                g[np.arange(len(y)), y] -= 1.0
+            xg += g.T.astype(Z.dtype) @ chunk
+            gsum += g.sum(axis=0)
+        xg /= n
+        gsum /= n
+        grad = np.empty((rows, d + 1))
+        grad[:, :-1] = (xg - np.outer(gsum, Z.mean)) * Z.inv_scale + self.l2 * coef
+        grad[:, -1] = gsum
+        return loss / n + 0.5 * self.l2 * float(np.vdot(coef, coef)), grad.ravel()
+
+
+def fit_logistic(Z: np.ndarray | StandardizedRows, y: np.ndarray, n_classes: int, C: float, *,
                  start: np.ndarray | None = None, max_iter: int = 300,
                  tol: float = 1e-4) -> tuple[np.ndarray, int]:
-    """Fit on ``Z`` [n, d] (float64) and class indices ``y`` (0..K-1).
+    """Fit on ``Z`` [n, d] (float64, or ``StandardizedRows``) and class indices ``y`` (0..K-1).
 
     A float32 ``Z`` (C-contiguous) makes the two products per step float32,
     about half the time; the loss, gradient sums and weights stay float64.
@@ -101,15 +157,19 @@ def fit_logistic(Z: np.ndarray, y: np.ndarray, n_classes: int, C: float, *,
     """
     n, d = Z.shape
     rows = 1 if n_classes == 2 else n_classes
-    if Z.dtype != np.float32:
-        Z = np.ascontiguousarray(Z, dtype=np.float64)
     l2 = 1.0 / (C * n)
     theta0 = np.zeros(rows * (d + 1)) if start is None else np.asarray(start, np.float64).ravel()
-    if rows == 1:
-        args: tuple = (Z, y.astype(np.float64), l2)
-        fun = _binary
+    args: tuple = ()
+    fun: Any
+    if isinstance(Z, StandardizedRows):
+        fun = _Streamed(Z, y, l2, rows)
     else:
-        args, fun = (), _Multinomial(Z, y, l2, rows)  # type: ignore[assignment]
+        if Z.dtype != np.float32:
+            Z = np.ascontiguousarray(Z, dtype=np.float64)
+        if rows == 1:
+            args, fun = (Z, y.astype(np.float64), l2), _binary
+        else:
+            fun = _Multinomial(Z, y, l2, rows)
     result = minimize(fun, theta0, args=args, jac=True, method="L-BFGS-B",
                       options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
                                "ftol": 64 * np.finfo(float).eps})
@@ -119,16 +179,23 @@ def fit_logistic(Z: np.ndarray, y: np.ndarray, n_classes: int, C: float, *,
     return result.x.reshape(rows, d + 1), int(result.nit)
 
 
-def _log_loss(Z: np.ndarray, y: np.ndarray, params: np.ndarray) -> float:
+def decision(Z: np.ndarray | StandardizedRows, params: np.ndarray) -> np.ndarray:
+    """Scores [n, rows] of a ``fit_logistic`` result on ``Z``."""
+    if isinstance(Z, StandardizedRows):
+        return Z.decision(params[:, :-1], params[:, -1])
+    return Z @ params[:, :-1].T + params[:, -1]
+
+
+def _log_loss(Z: np.ndarray | StandardizedRows, y: np.ndarray, params: np.ndarray) -> float:
     """Summed log loss of ``params`` on (Z, y)."""
-    logits = Z @ params[:, :-1].T + params[:, -1]
+    logits = decision(Z, params)
     if logits.shape[1] == 1:
         logits = np.hstack([np.zeros_like(logits), logits])
     logits -= logits.max(axis=1, keepdims=True)
     return float((np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y]).sum())
 
 
-def fit_logistic_cv(Z: np.ndarray, y: np.ndarray, n_classes: int, Cs: tuple[float, ...], *,
+def fit_logistic_cv(Z: np.ndarray | StandardizedRows, y: np.ndarray, n_classes: int, Cs: tuple[float, ...], *,
                     inner_cv: int = 3, random_state: int | None = 0, max_iter: int = 300,
                     tol: float = 1e-4) -> tuple[float, np.ndarray, int]:
     """Choose C by inner stratified CV on (Z, y), refit on all of it.
@@ -147,8 +214,12 @@ def fit_logistic_cv(Z: np.ndarray, y: np.ndarray, n_classes: int, Cs: tuple[floa
     best_C, start = (grid[0] if len(grid) == 1 else 1.0), None
     if len(grid) > 1 and n_splits >= 2:
         splitter = StratifiedKFold(n_splits, shuffle=True, random_state=random_state)
-        Z32 = Z.astype(np.float32)  # see fit_logistic: products in float32
-        folds = [(Z32[tr], y[tr], Z[va], y[va]) for tr, va in splitter.split(Z, y)]
+        folds: list[tuple[Any, np.ndarray, Any, np.ndarray]]
+        if isinstance(Z, StandardizedRows):  # folds are index arrays into the same rows, no copies
+            folds = [(Z.take(tr), y[tr], Z.take(va), y[va]) for tr, va in splitter.split(np.zeros(len(y)), y)]
+        else:
+            Z32 = Z.astype(np.float32)  # see fit_logistic: products in float32
+            folds = [(Z32[tr], y[tr], Z[va], y[va]) for tr, va in splitter.split(Z, y)]
         fold_params: list[Any] = [None] * n_splits  # each fold's fit at the previous C
         best_loss = np.inf
         for C in grid:

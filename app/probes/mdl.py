@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.app.probes.logistic import fit_logistic, fit_logistic_cv
-from layerbank.app.probes.standardize import Standardizer
+from layerbank.app.probes.logistic import decision, fit_logistic, fit_logistic_cv
+from layerbank.app.probes.standardize import StandardizedRows, Standardizer
 
 __all__ = ["CS", "PAPER_FRACTIONS", "block_ends", "online_codelength", "online_codelengths",
            "uniform_codelength"]
@@ -77,9 +77,9 @@ def block_ends(n: int, fractions: Sequence[float] = PAPER_FRACTIONS, min_first: 
     return ends
 
 
-def _bits(params: np.ndarray, Z: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _bits(params: np.ndarray, Z: StandardizedRows, y: np.ndarray) -> np.ndarray:
     """-log2 p(y | z) per row for a fit of ``fit_logistic``."""
-    logits = Z @ params[:, :-1].T + params[:, -1]
+    logits = decision(Z, params)
     if logits.shape[1] == 1:  # binary: one row scores class 1 against 0
         logits = np.hstack([np.zeros_like(logits), logits])
     logits = logits - logits.max(axis=1, keepdims=True)
@@ -95,8 +95,8 @@ def online_codelength(X: np.ndarray, y: np.ndarray, n_classes: int | None = None
 
     ``C``: one fixed inverse L2 strength for every block, or None (default)
     to choose it per block from the rows already sent (see the module docstring).
-    ``dtype``: of the standardised rows the probes fit on (float32 halves the
-    memory of a token probe's corpus-sized blocks; float64 by default).
+    ``dtype``: of the products the probes compute over chunks of rows (float32 halves the
+    time on a token probe's corpus-sized blocks; float64 by default).
 
     Returns a JSON-serialisable dict: ``online_bits``, ``uniform_bits``,
     ``compression``, ``blocks`` (per block: its rows, the rows it was encoded
@@ -117,9 +117,10 @@ def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, 
     """``online_codelength`` of several label sets over the same ``X`` (a task's tags and its
     control tags): one shuffle, the same blocks, each block standardised once for all of them.
 
-    Memory: the blocks are gathered from ``X`` block by block (at most the rows sent so far
-    plus the block being coded), not from a shuffled copy of all of ``X``; they are
-    standardised in place (``Standardizer.transform_in_place``). ``n_jobs`` > 1 fits the
+    Memory: no block is copied. ``X`` is read as it is (float16 stays float16); a block is an
+    index array into it, standardised by folding its mean and spread into the weights
+    (``StandardizedRows``), and the products run on chunks of rows cast to ``dtype``
+    (inner-CV folds too). ``n_jobs`` > 1 fits the
     label sets of a block on that many threads at once (numpy's products release the GIL).
     """
     X = np.asarray(X)
@@ -154,15 +155,14 @@ def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, 
     pool = ThreadPoolExecutor(n_jobs) if n_jobs > 1 and len(ys) > 1 else None
     try:
         for start, end in zip(ends[:-1], ends[1:]):
-            # a fresh gathered copy of the rows sent so far, standardised in place
-            Z = np.ascontiguousarray(X[order[:start]], dtype=work_dtype)
-            scaler = Standardizer(storage_dtype, work_dtype).fit(Z)
+            # the rows sent so far, standardised by their own mean and spread: index arrays into X
+            # (StandardizedRows folds the standardisation into the weights), no gathered copy
+            scaler = Standardizer(storage_dtype, work_dtype).fit(X, order[:start])
             dropped = scaler.n_dropped
-            scaler.transform_in_place(Z)
+            Z = scaler.rows(X, order[:start])
             seen = [y[:start] for y in ys]
             fits = list(pool.map(fit, [Z] * len(ys), seen)) if pool else [fit(Z, s) for s in seen]
-            del Z
-            coded = scaler.transform_in_place(np.ascontiguousarray(X[order[start:end]], dtype=work_dtype))
+            coded = scaler.rows(X, order[start:end])
             for j, (params, n_iter) in enumerate(fits):
                 converged[j] &= n_iter < max_iter
                 bits = float(_bits(params, coded, ys[j][start:end]).sum())

@@ -58,17 +58,24 @@ The result is JSON-serializable::
      "n_uncovered": {...}, "n_hidden_states": H, "hidden_size": d,
      "warnings": ["layer:0: the tagger stopped at max_iter (200, grown to 800) before converging", ...], ...}
 
-Features are standardised once per view, in place, by the training rows
-(``Standardizer.transform_in_place``: dimensions whose spread is below one
-float16 step, i.e. stored rounding noise, are set to 0 and so get no
-weight; the row's ``dropped_dims`` counts them): plain standardisation
-scaled that noise to unit variance and cost 0.7 F1 on MiniLM's
-``layer:-1``. The tagger and the control head share those rows.
+Features are standardised once per view by the training rows, without a
+copy: the mean and spread are folded into the head's weights
+(``Standardizer.rows``, layerbank.app.probes.standardize.StandardizedRows),
+so the fits read the view's matrix as it was read (float16 for a view
+wider than one layer: ``concat_last_4`` of the full CoNLL-2003 training set
+is 0.63 GB, against 1.25 GB for the float32 copy sklearn needed). Dimensions
+whose spread is below one float16 step (stored rounding noise) get no weight;
+the row's ``dropped_dims`` counts them: plain standardisation scaled that
+noise to unit variance and cost 0.7 F1 on MiniLM's ``layer:-1``. The tagger
+and the control head share those rows. The head is
+layerbank.app.probes.logistic's L-BFGS fit of scikit-learn's
+``LogisticRegression(C=C)`` objective (multinomial, intercepts unpenalised,
+the same stopping rule), streamed over row chunks.
 
-The iteration budget adapts: a tagger that stops at ``max_iter`` is fitted
-on, warm-started, with the budget doubled, up to ``ITER_GROWTH`` times
-``max_iter`` (L-BFGS on 200k CoNLL words needed ~400-600 iterations on some
-views; the default 200 left 4 of 6 views unconverged). ``converged`` is
+The iteration budget: a tagger gets ``ITER_GROWTH`` times ``max_iter``
+L-BFGS iterations in one run (L-BFGS on 200k CoNLL words needed ~400-600
+iterations on some views; the default 200 left 4 of 6 views unconverged,
+when sklearn's fit was restarted, warm, with the budget doubled). ``converged`` is
 False when the view's tagger or its control head still stopped at that cap; ``warnings`` says which, one sentence per fit, as the
 sentence probe's result does, so every table can show it. ``progress(done,
 total)`` is called after each fit (a view's tagger, its control head, then
@@ -89,10 +96,10 @@ from typing import Any, Protocol
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from threadpoolctl import threadpool_limits
 
+from layerbank.app.probes.logistic import decision, fit_logistic
 from layerbank.app.probes.mdl import online_codelengths
 from layerbank.app.probes.scalar_mix import ScalarMixHead, weighted_view_spec
 from layerbank.app.probes.spans import check_bio, span_scores, word_accuracy
@@ -205,40 +212,37 @@ ITER_GROWTH = 4
 
 
 def _fit_predict(
-    x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, *, seed: int, max_iter: int, c: float,
+    x_train: Any, y_train: np.ndarray, x_valid: Any, *, seed: int, max_iter: int, c: float,
     mix: bool = False, mix_rounds: int = 10,
 ) -> tuple[np.ndarray, float, bool, Any]:
     """Predictions on x_valid, fit seconds, converged, and the fitted head (None if not fitted).
 
-    ``x_train`` / ``x_valid`` are standardised already (``_standardised``), except for a
-    scalar mix, which standardises the states it mixes itself."""
+    ``x_train`` / ``x_valid`` are ``StandardizedRows`` (``_standardised``: the stored rows,
+    standardisation folded into the weights), except for a scalar mix, which takes the
+    states ``[n, H, d]`` and standardises what it mixes itself."""
     classes = np.unique(y_train)
     if classes.size == 1:
         # What the head would learn anyway; LogisticRegression refuses one class
         # (possible for control tags of a tiny vocabulary).
         return np.full(x_valid.shape[0], classes[0], dtype=object), 0.0, True, None
-    head: Any
+    start = time.perf_counter()
     if mix:
         # One C, as for the other views (no inner CV): the head's logistic
         # regression at the uniform mix is then the mean_all row's, up to scaling.
-        head = ScalarMixHead(Cs=(c,), random_state=seed, max_iter=mix_rounds)
-    else:
-        # float32 standardised rows, shared by the tagger and the control head: no copy per fit
-        head = LogisticRegression(C=c, max_iter=max_iter, random_state=seed, warm_start=True)
-    start = time.perf_counter()
-    used = 0
-    while True:
-        head.fit(x_train, y_train)
-        # stopped short of its budget = converged (the caller ignores ConvergenceWarning: warnings
-        # are process-wide state, and fits run on two threads)
+        head = ScalarMixHead(Cs=(c,), random_state=seed, max_iter=mix_rounds).fit(x_train, y_train)
         converged = bool(np.max(head.n_iter_) < head.max_iter)
-        used += max_iter if mix else head.max_iter
-        if converged or mix or used >= ITER_GROWTH * max_iter:
-            break
-        # go on from where it stopped (warm_start), with as many iterations again as so far
-        head.set_params(max_iter=min(used, ITER_GROWTH * max_iter - used))
-    seconds = time.perf_counter() - start
-    return head.predict(x_valid), seconds, converged, head
+        return head.predict(x_valid), time.perf_counter() - start, converged, head
+    # scikit-learn's LogisticRegression(C=c, solver="lbfgs") objective, streamed over the rows
+    # (layerbank.app.probes.logistic): sklearn would want the standardised float32 (or float64)
+    # matrix, 1.25 GB (2.5 GB) for concat_last_4 of the full CoNLL-2003 training set. One
+    # L-BFGS run with the whole budget: what sklearn's warm-started restarts reached, without
+    # losing the curvature memory at each restart.
+    budget = ITER_GROWTH * max_iter
+    y_index = np.searchsorted(classes, y_train)
+    params, n_iter = fit_logistic(x_train, y_index, int(classes.size), c, max_iter=budget)
+    scores = decision(x_valid, params)
+    picked = (scores[:, 0] > 0).astype(np.int64) if scores.shape[1] == 1 else scores.argmax(axis=1)
+    return classes[picked], time.perf_counter() - start, n_iter < budget, None
 
 
 def _mdl_row(x: np.ndarray, y: np.ndarray, y_control: np.ndarray | None, n_tags: int, *, seed: int,
@@ -246,7 +250,7 @@ def _mdl_row(x: np.ndarray, y: np.ndarray, y_control: np.ndarray | None, n_tags:
     """Online codelength of the tags (and of the control tags) given ``x``: one pass over the
     blocks for both, their fits side by side on ``n_jobs`` threads."""
     start = time.perf_counter()
-    # float32 rows (x is float32 already): a float64 copy of a corpus-sized block doubled the peak
+    # products in float32 over the stored rows: no block is copied (layerbank.app.probes.mdl)
     codes = online_codelengths(x, [y] if y_control is None else [y, y_control], n_tags, seed=seed, C=C,
                                max_iter=max_iter, dtype=np.float32, n_jobs=n_jobs)
     task, control = codes[0], (codes[1] if y_control is not None else None)
@@ -272,12 +276,12 @@ class _Done:
         return self.value
 
 
-def _standardised(x_tr: np.ndarray, x_va: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Both splits standardised in place by the training rows' mean and spread (float16
-    rounding noise dimensions zeroed: see layerbank.app.probes.standardize); and how many
-    dimensions were dropped. The arrays must be the probe's own (``view_matrix`` makes them)."""
+def _standardised(x_tr: np.ndarray, x_va: np.ndarray) -> tuple[Any, Any, int]:
+    """Both splits standardised by the training rows' mean and spread (float16 rounding noise
+    dimensions dropped: see layerbank.app.probes.standardize), as ``StandardizedRows`` over
+    the arrays as they are (no copy; products in float32); and how many dimensions were dropped."""
     scaler = Standardizer("float16", "float32").fit(x_tr)
-    return scaler.transform_in_place(x_tr), scaler.transform_in_place(x_va), scaler.n_dropped
+    return scaler.rows(x_tr), scaler.rows(x_va), scaler.n_dropped
 
 
 def _split(flat: np.ndarray, like: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -339,9 +343,12 @@ def run_token_probe(
         x_va_all = va_states if va_cov.all() else va_states[va_cov]
 
     def features(states: Any, cov: np.ndarray, everything: Any, view: View | None) -> np.ndarray:
-        # a lazy source (layerbank.app.probes.word_views) reads only this view's layers, covered rows only
+        # a lazy source (layerbank.app.probes.word_views) reads only this view's layers, covered
+        # rows only; a view wider than one layer in the stored dtype where that is exact (the
+        # fits read any dtype: concat_last_4 of CoNLL's training set is 0.63 GB in float16)
         if hasattr(states, "view_matrix"):
-            return states.view_matrix(view, keep=cov)
+            wide = view is not None and view.output_dim(n_hidden, states.shape[2]) > states.shape[2]
+            return states.view_matrix(view, keep=cov, compact=wide)
         sel = everything if everything is not None else np.asarray(states)[cov]
         return sel if view is None else view.apply(sel).reshape(sel.shape[0], -1)
     gold = [list(t) for t in valid.tags]
@@ -393,8 +400,6 @@ def run_token_probe(
         x_tr = features(tr_states, tr_cov, x_tr_all, view)
         code, dropped = None, None
         if not mix:
-            if not lazy:  # the probe's own float32 copy: it is standardised in place below
-                x_tr = np.array(x_tr, dtype=np.float32)
             if mdl:  # on the stored values: each block is standardised from the rows sent before it
                 code = _mdl_row(x_tr, indices(tr_tags[tr_cov]), indices(ctl_tr[tr_cov]) if control_task else None,
                                 len(tag_index), seed=seed, C=C, max_iter=max_iter, n_jobs=n_jobs)
@@ -402,7 +407,6 @@ def run_token_probe(
         # read after MDL: its blocks (up to half the training rows) and this matrix are not held at once
         x_va = features(va_states, va_cov, x_va_all, view)
         if not mix:
-            x_va = x_va if lazy else np.array(x_va, dtype=np.float32)
             x_tr, x_va, dropped = _standardised(x_tr, x_va)
         def fit(y: np.ndarray) -> tuple[np.ndarray, float, bool, Any]:
             return _fit_predict(x_tr, y, x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds)

@@ -1,0 +1,69 @@
+"""layerbank.app.probes.logistic over StandardizedRows: the stored float16 rows with the
+standardisation folded into the weights give the fit of the standardised matrix, and
+scikit-learn's LogisticRegression on the float32 copy the token probe used to make."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from layerbank.app.probes import standardize
+from layerbank.app.probes.logistic import decision, fit_logistic, fit_logistic_cv
+from layerbank.app.probes.standardize import Standardizer
+
+
+def stored_rows(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """float16 features with large means and uneven spreads (as hidden states have), some of
+    whose dimensions carry the class."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    x = rng.normal(size=(n, d)) * rng.uniform(0.2, 3.0, d) + rng.normal(size=d) * 5.0
+    x[:, :4] += 1.5 * rng.normal(size=(k, 4))[y]
+    return x.astype(np.float16), y
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_folded_standardisation_fits_what_the_standardised_copy_fits(k, monkeypatch):
+    monkeypatch.setattr(standardize, "CHUNK_BYTES", 4096)  # many chunks, a partial last one
+    X, y = stored_rows(1500, 24, k)
+    scaler = Standardizer("float16", "float64").fit(X)
+    Z = scaler.transform(X)  # the standardised float64 copy
+    expected, _ = fit_logistic(Z, y, k, 0.5, max_iter=2000, tol=1e-9)
+    rows = scaler.rows(X)
+    got, _ = fit_logistic(rows, y, k, 0.5, max_iter=2000, tol=1e-9)
+    assert X.dtype == np.float16 and rows.X is X  # read as stored, never copied
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    np.testing.assert_allclose(decision(rows, got), Z @ got[:, :-1].T + got[:, -1], atol=1e-9)
+    # a subset of rows (an MDL block) is an index array into the same X
+    idx = np.random.default_rng(1).permutation(len(y))[:400]
+    sub, _ = fit_logistic(scaler.rows(X, idx), y[idx], k, 0.5, max_iter=2000, tol=1e-9)
+    direct, _ = fit_logistic(Z[idx], y[idx], k, 0.5, max_iter=2000, tol=1e-9)
+    np.testing.assert_allclose(sub, direct, atol=1e-6)
+
+
+def test_the_float32_stream_predicts_as_sklearn_on_the_standardised_float32_copy():
+    X, y = stored_rows(4000, 48, 9, seed=3)
+    scaler = Standardizer("float16", "float32").fit(X)
+    clf = LogisticRegression(C=1.0, max_iter=1000).fit(scaler.transform(X), y)
+    params, n_iter = fit_logistic(scaler.rows(X), y, 9, 1.0, max_iter=1000)
+    assert n_iter < 1000
+    scores = decision(scaler.rows(X), params)
+    assert np.mean(scores.argmax(axis=1) == clf.predict(scaler.transform(X))) > 0.995
+    # the weights agree; intercepts up to the common shift softmax cannot see
+    np.testing.assert_allclose(params[:, :-1], clf.coef_, atol=2e-2 * np.abs(clf.coef_).max())
+    shift = params[:, -1] - clf.intercept_
+    assert np.ptp(shift) < 2e-2 * max(1.0, np.abs(clf.intercept_).max())
+
+
+def test_a_dimension_of_rounding_noise_gets_no_weight_and_cv_folds_are_not_copies():
+    X, y = stored_rows(900, 10, 3, seed=5)
+    base = np.float16(0.37)
+    X[:, 0] = np.where(np.random.default_rng(2).random(len(X)) < 0.5, base, np.nextafter(base, np.float16(1)))
+    scaler = Standardizer("float16", "float32").fit(X)
+    assert scaler.n_dropped == 1
+    C, params, _ = fit_logistic_cv(scaler.rows(X), y, 3, (0.01, 0.1, 1.0), max_iter=500)
+    assert params[:, 0].tolist() == [0.0, 0.0, 0.0]
+    # the same C as the standardised copy's inner CV (the same folds: same y, same seed)
+    C_copy, _, _ = fit_logistic_cv(scaler.transform(X).astype(np.float64), y, 3, (0.01, 0.1, 1.0), max_iter=500)
+    assert C == C_copy
