@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from layerbank.app.features_service import TextsLost, TextSource, features_for
 from layerbank.cache.keys import text_key
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.poolings import parse_poolings
@@ -119,7 +120,7 @@ class Bank:
         self._check_pooling(pooling)
         h = self._n_hidden_states()
         v.needed_layers(h)  # a layer this model lacks fails before any encoding
-        [data] = self._read(texts, [pooling], lambda store, keys: [store.read_view(keys, v, pooling, h)])
+        [data] = self._read(texts, lambda store, keys: [store.read_view(keys, v, pooling, h)])
         return np.asarray(data, dtype=np.float32)
 
     def dimension(self, view: str, pooling: str = "mean") -> int:
@@ -173,38 +174,38 @@ class Bank:
         for p in poolings:
             self._check_pooling(p)
         states = dict(zip(poolings, self._read(
-            texts, poolings, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
+            texts, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
         m = self._known_model()
         # the model's storage dtype is the heads' noise floor (layerbank.app.probes.standardize)
         return probe_sentences(states.__getitem__, labels, model=model_summary(m.info, m.fingerprint),
                                options=replace(opts, storage_dtype=m.config.storage_dtype), progress=progress)
 
     # -- the store, and the encoder only for misses ---------------------------
-    def _read(self, texts: list[str], poolings: Sequence[str],
+    def _read(self, texts: list[str],
               read: Callable[[FeatureStore, list[str]], list[ReadResult]]) -> list[np.ndarray]:
-        """``read(store, keys)`` for ``texts``, encoding the missing ones first
-        (a row stored without one of ``poolings`` is missing); counts each
+        """``read(store, keys)`` for ``texts``, the missing ones encoded first (the one
+        features service, layerbank.app.features_service, with the in-process extractor
+        as its encoder; a row stored without a pooling read is missing); counts each
         unique text once per call, as encoded or as cached."""
         store = self._open_store()
+        source: TextSource[list[ReadResult], int] = TextSource(
+            keys=self._keys, read=lambda keys: read(store, keys), encode=self._encode)
+        try:
+            got = features_for(texts, source)
+        except TextsLost as e:
+            raise RuntimeError(f"{e.lost} texts could not be read back from the store") from None
+        self.stats["encoded"] += got.encoded
+        self.stats["cached"] += len(set(got.keys)) - got.encoded
+        return [r.data for r in got.results]
+
+    def _keys(self, texts: list[str]) -> list[str] | None:
+        """The texts' keys, None while neither the catalog nor a loaded encoder knows the model."""
         m = self._model or self._model_from_catalog()
-        if m is not None:
-            keys = [text_key(m.fingerprint, m.config, t) for t in texts]
-            if len(store.lookup(keys, poolings=poolings)) == len(set(keys)):
-                results = read(store, keys)
-                if all(r.found.all() for r in results):
-                    self.stats["cached"] += len(set(keys))
-                    return [r.data for r in results]
-        encoded = 0
-        for attempt in ("", "-retry"):  # a shard quarantined under us is recomputed once
-            summary = self._encoder().extract(texts, job_id=f"bank-{uuid.uuid4().hex[:10]}{attempt}")
-            encoded += summary.texts_encoded
-            results = read(store, summary.keys)
-            if all(r.found.all() for r in results):
-                self.stats["encoded"] += encoded
-                self.stats["cached"] += summary.unique_texts - encoded
-                return [r.data for r in results]
-        lost = max(int((~r.found).sum()) for r in results)
-        raise RuntimeError(f"{lost} texts could not be read back from the store")
+        return None if m is None else [text_key(m.fingerprint, m.config, t) for t in texts]
+
+    def _encode(self, texts: list[str], keys: list[str] | None) -> int:
+        """Store the texts' rows (torch loads on the first call); how many the encoder ran on."""
+        return int(self._encoder().extract(texts, job_id=f"bank-{uuid.uuid4().hex[:10]}").texts_encoded)
 
     def _check_pooling(self, pooling: str) -> None:
         """A ValueError unless ``pooling`` is one this data directory stores (the

@@ -136,30 +136,17 @@ def _run_sentence(args: argparse.Namespace) -> int:
         fail(f"{args.file}, label column {args.label_column!r}: {e}")
     if args.url:
         return _report(args, _probe_through(args, settings, table, views, poolings, sizes))
-    if (stored := _stored_states(settings, table.texts, views, poolings)) is not None:
-        # every text stored: torch and the weights stay unloaded (app/cli/store_first.py)
-        return _probe_and_report(args, stored[0], table.labels, views, poolings, sizes, stored[1])
-    with open_extractor(settings) as ex:
-        from layerbank.app.cli.cost import announce
-
-        announce(ex, table.texts)  # a large file says what it will cost first
-        ex.extract(table.texts, job_id="cli-" + uuid.uuid4().hex[:10], progress_bar=not args.no_progress,
-                   max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
-        keys = [ex.store.key(ex.encoder.fingerprint, ex.encoder.config, t) for t in table.texts]
-        states = {}
-        for pooling in poolings:
-            res = ex.store.read_pooled(keys, pooling)
-            if not res.found.all():
-                fail(f"{int((~res.found).sum())} texts could not be read back from the store; run again")
-            states[pooling] = res.data
-        model = _model(ex)
+    states, model = _states(settings, table.texts, views, poolings, progress=not args.no_progress)
     return _probe_and_report(args, states, table.labels, views, poolings, sizes, model)
 
 
-def _stored_states(settings: Any, texts: list[str], views: list[str],
-                   poolings: list[str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The pooled states of every text and the model summary, when the store holds
-    them all; a view the model cannot give is refused here, before anything loads."""
+def _states(settings: Any, texts: list[str], views: list[str], poolings: list[str], *,
+            progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every text's pooled states and the model summary (layerbank.app.features_service:
+    the store's rows, the misses extracted in-process; when every text is stored, torch
+    and the weights stay unloaded, app/cli/store_first.py). A view the model cannot give
+    is refused first, before anything loads."""
+    from layerbank.app.features_service import TextsLost, features_for
     from layerbank.app.probes.common import model_summary
     from layerbank.app.probes.inputs import ProbeInputError, expand_views
 
@@ -169,16 +156,17 @@ def _stored_states(settings: Any, texts: list[str], views: list[str],
                 expand_views(views, h)
         except ProbeInputError as e:
             fail(str(e))
-        if sf.model is None or sf.all_stored(texts) is None:
-            return None
-        keys = sf.keys(texts)
-        states = {}
-        for pooling in poolings:
-            res = sf.store.read_pooled(keys, pooling)
-            if not res.found.all():  # a pooling not stored, or a shard quarantined: encode
-                return None
-            states[pooling] = res.data
-        return states, model_summary(sf.model.info, sf.model.fingerprint)
+        read = sf.text_source(lambda keys: [sf.store.read_pooled(keys, p) for p in poolings], progress=progress)
+        try:
+            got = features_for(texts, read)
+        except TextsLost as e:
+            fail(f"{e.lost} texts could not be read back from the store; run again")
+        if sf.loaded is not None:  # the encoder ran: its own description of the model
+            model = _model(sf.loaded)
+        else:
+            assert sf.model is not None
+            model = model_summary(sf.model.info, sf.model.fingerprint)
+        return dict(zip(poolings, (r.data for r in got.results))), model
 
 
 def _model(ex: Any) -> dict[str, Any]:

@@ -11,8 +11,10 @@ which then answered in 0.07 s. Now they:
 3. look every text's key up; when all are stored, answer from the shards.
 
 Only a miss, or a model not registered yet, loads the encoder
-(``layerbank.workers.local.LocalExtractor``), which registers the model so
-the next run takes the short path. The layer count is known before either
+(``extractor()``: layerbank.workers.local.LocalExtractor over the directory
+already held), which registers the model so the next run takes the short
+path. ``text_source`` hands both to layerbank.app.features_service, the one
+"read, encode the misses, read again" path the HTTP routes and Bank take too. The layer count is known before either
 path runs (from the catalog, or from the model's config.json), so a view
 the model cannot give is refused before anything loads.
 
@@ -21,15 +23,18 @@ Example::
     source = locate(settings)
     with StoreFirst.open(settings, source) as sf:
         summary = sf.all_stored(texts)        # None: something must be encoded
+        got = features_for(texts, sf.text_source(lambda keys: [sf.store.read_pooled(keys, "mean")]))
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from layerbank.app.cli.common import fail, through_a_server
+from layerbank.app.features_service import TextSource
 from layerbank.cache.lock import hold_data_dir
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import View
@@ -55,11 +60,14 @@ class StoreFirst:
     is None when the catalog cannot make this run's keys without the encoder)."""
 
     def __init__(self, store: FeatureStore, lock: Any, source: ModelSource,
-                 model: ModelRef | None, poolings: Sequence[str] = ()) -> None:
+                 model: ModelRef | None, poolings: Sequence[str] = (),
+                 settings: Settings | None = None) -> None:
         self.store = store
         self.source = source
         self.model = model
         self.poolings = tuple(poolings)  # a row whose shard lacks one of them is a miss
+        self.settings = settings
+        self.loaded: Any = None  # the LocalExtractor, once extractor() loaded the encoder
         self._lock = lock
 
     @classmethod
@@ -79,7 +87,7 @@ class StoreFirst:
         except BaseException:
             lock.release()
             raise
-        return cls(store, lock, source, model, settings.pooling_names)
+        return cls(store, lock, source, model, settings.pooling_names, settings)
 
     @property
     def n_hidden_states(self) -> int | None:
@@ -115,6 +123,46 @@ class StoreFirst:
             return None
         res = self.store.read_view(self.keys(texts), view, pooling, self.model.n_hidden_states)
         return res if bool(res.found.all()) else None
+
+    def extractor(self) -> Any:
+        """The in-process extractor over this held directory: torch and the weights load on
+        the first call (a model that cannot load exits with its reason); the model's keys
+        are then known (``model``), registered for the next run's short path."""
+        if self.loaded is None:
+            from layerbank.workers.encoder import Encoder, ModelLoadError, set_threads  # torch: only now
+            from layerbank.workers.local import LocalExtractor
+
+            s = self.settings
+            assert s is not None, "StoreFirst.open(settings, ...) gives the settings to load with"
+            try:
+                set_threads(s.threads)
+                encoder = Encoder.load(s.model, **s.extraction_options(), data_dir=s.data_dir)
+            except ModelLoadError as e:
+                fail(str(e))
+            self.loaded = LocalExtractor.attach(self.store, encoder, self._lock)
+            self.model = ModelRef(encoder.name, encoder.fingerprint, encoder.config,
+                                  {**encoder.info, "config": encoder.config.canonical()})
+        return self.loaded
+
+    def text_source(self, read: Callable[[list[str]], list[ReadResult]], *, progress: bool = True,
+                    want_tokens: bool = False) -> TextSource[list[ReadResult], int]:
+        """This directory as layerbank.app.features_service's source: keys from the catalog's
+        model (None until the encoder loads when it does not know it), ``read(keys)``, and
+        the misses extracted in-process, their cost said first when large (app/cli/cost.py)."""
+        def keys(texts: list[str]) -> list[str] | None:
+            return None if self.model is None else self.keys(texts)
+
+        def encode(texts: list[str], keys: list[str] | None) -> int:
+            from layerbank.app.cli.cost import announce
+
+            ex, s = self.extractor(), self.settings
+            assert s is not None
+            announce(ex, texts, want_tokens=want_tokens)  # a large run says what it will cost first
+            return int(ex.extract(texts, job_id="cli-" + uuid.uuid4().hex[:10], want_tokens=want_tokens,
+                                  progress_bar=progress, max_tokens=s.max_tokens_per_batch,
+                                  part_size=s.part_size).texts_encoded)
+
+        return TextSource(keys=keys, read=read, encode=encode)
 
     def close(self) -> None:
         self.store.close()

@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, NotFound
-from layerbank.app.api.routes.features import json_response
+from layerbank.app.api.route_helpers import json_response
 from layerbank.app.api.schemas import error_responses
 from layerbank.cache.keys import text_key
 

@@ -47,7 +47,7 @@ from layerbank.app.api.errors import (
     TooLarge,
     UnsupportedMediaType,
 )
-from layerbank.app.api.routes.features import check_pooling, check_texts, json_response, strict_view
+from layerbank.app.api.route_helpers import check_pooling, check_texts, json_response, strict_view
 from layerbank.app.api.schemas import (
     DatasetDeleted,
     DatasetList,

@@ -42,10 +42,9 @@ from fastapi.responses import Response
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.embedding_recipe import choose
 from layerbank.app.api.errors import InvalidInput
-from layerbank.app.api.routes.features import (
+from layerbank.app.api.route_helpers import (
     check_pooling,
     check_texts,
-    compute_features,
     encode_rows,
     json_response,
     require_json,
@@ -54,6 +53,7 @@ from layerbank.app.api.routes.features import (
 )
 from layerbank.app.api.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIErrorResponse
 from layerbank.app.api.served_models import ensure_model, find_model
+from layerbank.app.api.text_features import compute_features
 from layerbank.cache.keys import text_key
 
 __all__ = ["cached_answer", "router"]

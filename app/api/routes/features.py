@@ -4,8 +4,10 @@ only the misses (through the worker, micro-batched with other requests).
 The request path: check limits -> parse the view against the served model ->
 key every text -> read the hits (from memory, app/api/rowcache.py, or from the
 store in a thread; never through the worker) -> hand the misses to the
-batcher and await them -> read those -> answer in input order. ``compute_features`` is shared with
-``/v1/embeddings``.
+batcher and await them -> read those -> answer in input order. The reading and
+encoding is ``compute_features`` (app/api/text_features.py, the one features
+service of app/features_service.py with the batcher as its encoder), shared with
+``/v1/embeddings`` and the heads.
 
 Example::
 
@@ -15,41 +17,41 @@ Example::
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from layerbank.app.api.deps import AppState, ModelRef, get_state
-from layerbank.app.api.errors import ExtractionFailed, InvalidInput, TooLarge, UnsupportedMediaType
-from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses, view_pattern
-from layerbank.app.api.served_models import ensure_model, find_model
-from layerbank.app.blank import is_blank
+from layerbank.app.api.route_helpers import (
+    check_pooling,
+    check_texts,
+    dumps,
+    json_response,
+    require_json,
+    resolve_request,
+    row_fragments,
+)
+from layerbank.app.api.schemas import FeaturesRequest, FeaturesResponse, error_responses
+from layerbank.app.api.text_features import FeatureResult, compute_features, warm_rows
 from layerbank.cache.keys import text_key
-from layerbank.cache.store import ReadResult
-from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
+from layerbank.cache.views import View
 
 __all__ = [
     "ERROR_RESPONSES",
-    "FeatureResult",
+    "answer_dtype",
     "cached_answer",
-    "check_pooling",
-    "check_texts",
-    "compute_features",
-    "encode_rows",
+    "features_body",
+    # app/api/main.py hooks it on the batcher (it lives in app/api/text_features.py)
+    "warm_rows",
+    # routes/jobs.py imports it from here still; its home is app/api/route_helpers.py
     "json_response",
-    "require_json",
     "router",
-    "row_fragments",
 ]
 
 ERROR_RESPONSES = error_responses(401, 413, 415, 422, 429, 500, 503, 504)
@@ -57,191 +59,9 @@ ERROR_RESPONSES = error_responses(401, 413, 415, 422, 429, 500, 503, 504)
 router = APIRouter(prefix="/v1", tags=["features"])
 
 
-async def require_json(request: Request) -> None:
-    """415 for a body that is not JSON (FastAPI would otherwise call it a 422)."""
-    ctype = request.headers.get("content-type", "")
-    main = ctype.split(";")[0].strip().lower()
-    if main != "application/json" and not main.endswith("+json"):
-        raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json' "
-                                   f"(got {ctype or 'no content type'!r})")
-
-
-def check_texts(texts: Sequence[str], state: AppState, field: str = "texts", *,
-                per_request: bool = True) -> None:
-    """Limits (413, naming the setting) and texts we refuse to encode (422).
-
-    ``per_request=False`` (datasets) skips the texts-per-request limit.
-    """
-    s = state.settings
-    if per_request and len(texts) > s.max_texts_per_request:
-        raise TooLarge(f"{len(texts):,} texts in one request; the limit is max_texts_per_request "
-                       f"({s.max_texts_per_request:,})", limit="max_texts_per_request")
-    for i, t in enumerate(texts):
-        if len(t) > s.max_chars_per_text:
-            raise TooLarge(f"{field}.{i} has {len(t):,} characters; the limit is max_chars_per_text "
-                           f"({s.max_chars_per_text:,})", limit="max_chars_per_text")
-        if is_blank(t):  # whitespace or zero-width characters only (app/blank.py)
-            raise InvalidInput(f"{field}.{i} is empty (no visible character); an empty text has no "
-                               "features", field=f"{field}.{i}")
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInput(f"{field}.{i} is not valid Unicode (it holds a lone surrogate)",
-                               field=f"{field}.{i}") from None
-
-
-def check_pooling(state: AppState, pooling: str | None) -> str:
-    """The pooling to answer with (the default when None), refused (422) when this
-    server does not store it: its misses could never be filled."""
-    pooling = pooling or state.settings.default_pooling
-    stored = state.settings.pooling_names
-    if pooling not in stored:
-        raise InvalidInput(f"pooling {pooling!r} is not stored by this server; it stores "
-                           f"{', '.join(stored)} (setting poolings, --poolings / LAYERBANK_POOLINGS)",
-                           field="pooling")
-    return pooling
-
-
-@dataclass
-class FeatureResult:
-    data: np.ndarray  # [n, dim] or [n, H, d], float32
-    cached: np.ndarray  # bool [n]
-    n_tokens: list[int]
-    truncated: list[bool]
-    model: ModelRef
-    view: View
-    pooling: str
-    keys: list[str]
-
-    @property
-    def tokens_computed(self) -> int:
-        """Tokens encoded for this request's misses (a repeated text counts once)."""
-        seen: dict[str, int] = {}
-        for k, t, c in zip(self.keys, self.n_tokens, self.cached):
-            if not c:
-                seen[k] = t
-        return sum(seen.values())
-
-
-def resolve_request(state: AppState, view_spec: str | None, model: str | None,
-                    precision: str | None = None) -> tuple[ModelRef, View]:
-    m = find_model(state, model).at_precision(precision)  # a model not loaded yet: ensure_model first
-    view = strict_view(state.settings.default_view if view_spec is None else view_spec, m.n_hidden_states)
-    return m, view
-
-
-@functools.lru_cache(maxsize=64)
-def _view_re(n_states: int) -> re.Pattern[str]:
-    return re.compile(view_pattern(n_states), re.ASCII)
-
-
-@functools.lru_cache(maxsize=256)  # a pure function of its arguments; a ViewError is not kept
-def strict_view(spec: str, n_states: int) -> View:
-    """Parse a view and check it against the model, holding it to the exact
-    grammar the OpenAPI schema states (no spaces, plain decimal numbers)."""
-    view = parse_view(spec)
-    view.needed_layers(n_states)  # ViewError -> 422 naming the layers that exist
-    if not _view_re(n_states).fullmatch(spec):
-        raise ViewError(f"view {spec!r} is not written as the grammar says: {VIEW_GRAMMAR}, "
-                        "without spaces, numbers in plain decimal")
-    return view
-
-
-async def compute_features(state: AppState, texts: list[str], view_spec: str | None,
-                           pooling: str | None, model: str | None,
-                           precision: str | None = None) -> FeatureResult:
-    await ensure_model(state, model)  # another served model's first use loads it
-    m, view = resolve_request(state, view_spec, model, precision)
-    pooling = check_pooling(state, pooling)
-    keys = [text_key(m.fingerprint, m.config, t) for t in texts]
-    store, rows, h = state.store, state.rows, m.n_hidden_states
-    # rows already in memory are answered on the event loop; disk reads go to a thread
-    res = rows.try_read(keys, view, pooling, h)
-    if res is None:
-        res = await run_in_threadpool(rows.read, store, keys, view, pooling, h)
-    cached = res.found.copy()
-    metrics = state.metrics
-    n_hit = int(cached.sum())
-    metrics.cache_hits.inc(n_hit)
-    if n_hit == len(keys):
-        return FeatureResult(res.data, cached, [e.n_tokens for e in res.entries],  # type: ignore[union-attr]  # all found
-                             [e.truncated for e in res.entries], m, view, pooling, keys)  # type: ignore[union-attr]  # all found
-    metrics.cache_misses.inc(len(keys) - n_hit)
-    data, entries = res.data, list(res.entries)
-    for _attempt in range(2):  # twice: a shard quarantined between commit and read is recomputed
-        miss = [i for i in range(len(keys)) if entries[i] is None]
-        miss_keys = [keys[i] for i in miss]
-        await state.batcher.encode(list(dict.fromkeys(texts[i] for i in miss)), model=m.fingerprint,
-                                   precision=m.precision, hint=(miss_keys, pooling))
-        got = rows.try_read(miss_keys, view, pooling, h)  # the batcher read them into memory
-        if got is None:
-            got = await run_in_threadpool(rows.read, store, miss_keys, view, pooling, h)
-        data = _merge(data, got, miss, len(keys))
-        for j, i in enumerate(miss):
-            entries[i] = got.entries[j] if got.found[j] else None
-        if all(e is not None for e in entries):
-            break
-    else:
-        lost = sum(e is None for e in entries)
-        raise ExtractionFailed(f"{lost} texts were encoded but could not be read back "
-                               "(a damaged shard was quarantined twice); retry")
-    out = FeatureResult(data, cached, [e.n_tokens for e in entries],  # type: ignore[union-attr]  # a None raised above
-                        [e.truncated for e in entries], m, view, pooling, keys)  # type: ignore[union-attr]  # None raised
-    metrics.tokens_computed.inc(out.tokens_computed)
-    return out
-
-
-async def warm_rows(state: AppState, hints: list[Any]) -> None:
-    """After a micro-batch is stored: read all its requests' rows in one store
-    read per pooling, so each request then answers from memory."""
-    by_pooling: dict[str, list[str]] = {}
-    for h in hints:
-        if h is not None:
-            by_pooling.setdefault(h[1], []).extend(h[0])
-    for pooling, keys in by_pooling.items():
-        await run_in_threadpool(state.rows.warm, state.store, keys, pooling)
-
-
-def _merge(data: np.ndarray, got: ReadResult, idx: list[int], n: int) -> np.ndarray:
-    if got.data.size == 0:
-        return data
-    if data.shape[1:] != got.data.shape[1:]:  # nothing was found at first: data is empty
-        data = np.zeros((n,) + got.data.shape[1:], dtype=np.float32)
-    sel = np.flatnonzero(got.found)
-    data[np.asarray(idx)[sel]] = got.data[sel]
-    return data
-
-
 def plain_copy(view: View) -> bool:
     """Views whose rows are stored rows as they are (so float16 loses nothing)."""
     return view.kind in ("concat", "all")
-
-
-def encode_rows(data: np.ndarray, fmt: str, dtype: str) -> list[Any]:
-    """Per-text embeddings: nested lists, or base64 of little-endian ``dtype``."""
-    if fmt == "base64":
-        arr = np.ascontiguousarray(data, dtype="<f2" if dtype == "float16" else "<f4")
-        return [base64.b64encode(row.tobytes()).decode("ascii") for row in arr]
-    return data.tolist()
-
-
-def json_response(body: dict[str, Any], status: int = 200) -> Response:
-    # built here rather than through the response model: validating and
-    # re-encoding millions of floats with pydantic costs seconds
-    return Response(json.dumps(body, separators=(",", ":")).encode(), status_code=status,
-                    media_type="application/json")
-
-
-def _dumps(x: Any) -> bytes:
-    return json.dumps(x, separators=(",", ":")).encode()
-
-
-def row_fragments(data: np.ndarray, fmt: str, dtype: str) -> list[bytes]:
-    """Each row's ``embedding`` as it appears in the answer's JSON (the same text
-    ``json.dumps`` gives it inside the whole body)."""
-    if fmt == "base64":
-        return [b'"' + e.encode("ascii") + b'"' for e in encode_rows(data, fmt, dtype)]
-    return [_dumps(row) for row in data.tolist()]
 
 
 def _bool(x: Any) -> bytes:
@@ -251,8 +71,8 @@ def _bool(x: Any) -> bytes:
 @functools.lru_cache(maxsize=256)
 def _head(name: str, precision: str, view: str, pooling: str, shape: tuple[int, ...], fmt: str, dtype: str) -> bytes:
     """The answer's opening fields, up to ``data`` (without the closing brace)."""
-    return _dumps({"model": name, "precision": precision, "view": view, "pooling": pooling, "dim": shape[-1],
-                   "shape": list(shape), "format": fmt, "dtype": dtype})[:-1]
+    return dumps({"model": name, "precision": precision, "view": view, "pooling": pooling, "dim": shape[-1],
+                  "shape": list(shape), "format": fmt, "dtype": dtype})[:-1]
 
 
 def features_body(m: ModelRef, view: View, pooling: str, shape: list[int], fmt: str, dtype: str,
@@ -264,8 +84,8 @@ def features_body(m: ModelRef, view: View, pooling: str, shape: list[int], fmt: 
     items = b",".join(b'{"index":%d,"embedding":%b,"cached":%b,"n_tokens":%d,"truncated":%b}'
                       % (i, e, _bool(c), int(t), _bool(tr))
                       for i, (e, c, t, tr) in enumerate(zip(rows, cached, n_tokens, truncated)))
-    usage = _dumps({"texts": len(rows), "cache_hits": int(sum(bool(c) for c in cached)),
-                    "tokens_computed": tokens_computed})
+    usage = dumps({"texts": len(rows), "cache_hits": int(sum(bool(c) for c in cached)),
+                   "tokens_computed": tokens_computed})
     return head + b',"data":[' + items + b'],"usage":' + usage + b"}"
 
 

@@ -42,16 +42,16 @@ from layerbank.app.api.errors import Conflict, InvalidInput, NotFound
 from layerbank.app.api.probe_jobs.heads_store import HeadRecord
 from layerbank.app.api.probe_jobs.requests import cost_job, ready_dataset
 from layerbank.app.api.probe_jobs.service import ProbeService
-from layerbank.app.api.routes.features import (
+from layerbank.app.api.route_helpers import (
     check_pooling,
     check_texts,
-    compute_features,
+    get_service,
     json_response,
     require_json,
 )
-from layerbank.app.api.routes.probes import get_service
 from layerbank.app.api.schemas import Pooling, error_responses
 from layerbank.app.api.served_models import ensure_model
+from layerbank.app.api.text_features import compute_features
 from layerbank.app.probes.advice import storage_costs
 from layerbank.app.probes.head_names import describe
 from layerbank.cache.views import parse_view

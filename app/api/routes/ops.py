@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from layerbank.app.api.catalog_health import REPAIR_HINT
 from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.metrics import CONTENT_TYPE
-from layerbank.app.api.routes.features import json_response
+from layerbank.app.api.route_helpers import json_response
 from layerbank.app.api.schemas import HealthOut, InfoOut, ReadyOut, error_responses
 from layerbank.app.api.served_models import describe_models
 from layerbank.app.probes.head_names import PROBE_HEADS

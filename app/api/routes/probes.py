@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -41,12 +41,12 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, NotFound
 from layerbank.app.api.probe_jobs.requests import ProbeCreate, sentence_payload, token_payload
 from layerbank.app.api.probe_jobs.service import ProbeService
-from layerbank.app.api.routes.features import json_response, require_json
+from layerbank.app.api.route_helpers import get_service, json_response, require_json
 from layerbank.app.api.routes.jobs import find_job, job_out
 from layerbank.app.api.schemas import error_responses
 from layerbank.cache.jobs import Job
 
-__all__ = ["get_service", "probe_out", "router"]
+__all__ = ["probe_out", "router"]
 
 _ERRORS = error_responses(401, 404, 409, 413, 415, 422, 429)
 _PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "a PNG image"}}
@@ -65,10 +65,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 router = APIRouter(prefix="/v1", tags=["probes"], lifespan=_lifespan)
-
-
-async def get_service(request: Request) -> ProbeService:
-    return request.app.state.probe_service
 
 
 # -- answers ------------------------------------------------------------------------------
