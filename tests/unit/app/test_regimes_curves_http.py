@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.unit.app.test_regimes_routes import NEG, POS, _dataset, _wait
+from tests.regimes_data import NEG, POS, dataset, wait
 
 
 def test_a_layer_cut_job_over_http(tiny_api: Any) -> None:
     c = tiny_api.client
-    ds = _dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
+    ds = dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
     for body, field, words in (({"top_k": [0, 3]}, "top_k", "has 2"), ({"xi": 0}, "xi", "(0, 1.5]"),
                                ({"xi": [0.5, 2.0]}, "xi", "(0, 1.5]"), ({"top_k": []}, "top_k", "0..2")):
         r = c.post("/v1/regimes", json={"dataset": ds, **body})
@@ -22,7 +22,7 @@ def test_a_layer_cut_job_over_http(tiny_api: Any) -> None:
     assert r.status_code == 202, r.text
     rid = r.json()["id"]
     assert r.json()["request"]["top_k"] == [0, 1, 2]
-    job = _wait(c, rid)
+    job = wait(c, rid)
     assert job["state"] == "succeeded", job["error"]
     out = c.get(f"/v1/regimes/{rid}").json()
     result = out["result"]
@@ -34,7 +34,7 @@ def test_a_layer_cut_job_over_http(tiny_api: Any) -> None:
     # one cut: no curve, and the plot says why
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 1})
     rid2 = r.json()["id"]
-    assert _wait(c, rid2)["state"] == "succeeded"
+    assert wait(c, rid2)["state"] == "succeeded"
     none = c.get(f"/v1/regimes/{rid2}/layer_cut.png")
     assert none.status_code == 409 and "two or more cut points" in none.json()["error"]
 

@@ -8,35 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import numpy as np
 import pytest
 
 from layerbank.app.api.routes.regimes import REGIMES, _train_split_size
-
-POS = ["a good film", "a great play", "good and warm", "a lovely story", "great fun", "a fine good show",
-       "warm and great", "a good great time", "lovely work", "fine and good"]
-NEG = ["a bad film", "a dull play", "bad and cold", "an awful story", "dull work", "a poor bad show",
-       "cold and dull", "a bad awful time", "poor work", "awful and bad"]
-
-
-def _wait(c: Any, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (job := c.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.02)
-    return job  # type: ignore[no-any-return]
-
-
-def _dataset(c: Any, texts: list[str], labels: list[str] | None = None) -> str:
-    body: dict[str, Any] = {"name": "regimes", "texts": texts}
-    if labels is not None:
-        body["labels"] = labels
-    ds = c.post("/v1/datasets", json=body).json()
-    assert _wait(c, ds["job_id"])["state"] == "succeeded"
-    return str(ds["id"])
+from tests.regimes_data import NEG, POS, dataset, wait
 
 
 def test_regime_names_and_split_agree_with_the_worker() -> None:
@@ -52,7 +30,7 @@ def test_regime_names_and_split_agree_with_the_worker() -> None:
 
 def test_bad_requests_get_statuses_and_messages(tiny_api: Any) -> None:
     c = tiny_api.client
-    ds = _dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
+    ds = dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
 
     def error(body: dict[str, Any], status: int) -> dict[str, Any]:
         r = c.post("/v1/regimes", json=body)
@@ -69,10 +47,10 @@ def test_bad_requests_get_statuses_and_messages(tiny_api: Any) -> None:
     assert e["field"] == "top_k" and "has 2" in e["error"]
     e = error({"dataset": ds, "train_sizes": [500]}, 422)  # 20 texts: the train split holds 14
     assert e["field"] == "train_sizes" and "2..12 or be 14" in e["error"]
-    unlabelled = _dataset(c, ["one text", "another text", "a third text"])
+    unlabelled = dataset(c, ["one text", "another text", "a third text"])
     e = error({"dataset": unlabelled}, 422)
     assert e["field"] == "dataset" and "3 of 3 texts have no label" in e["error"]
-    few = _dataset(c, ["x one", "x two", "y one", "y two"], ["x", "x", "y", "y"])
+    few = dataset(c, ["x one", "x two", "y one", "y two"], ["x", "x", "y", "y"])
     e = error({"dataset": few}, 422)
     assert "cannot be split into stratified" in e["error"] and "'x': 2" in e["error"]
     assert c.get("/v1/regimes/nope").status_code == 404
@@ -83,7 +61,7 @@ def test_bad_requests_get_statuses_and_messages(tiny_api: Any) -> None:
     e = error({"dataset": ds, "eval_datasets": [unlabelled]}, 422)
     assert e == {"error": f"eval_datasets: {unlabelled} needs one label per text", "type": "validation",
                  "field": "eval_datasets"}
-    stranger = _dataset(c, ["a so-so film", "a good play"], ["meh", "pos"])
+    stranger = dataset(c, ["a so-so film", "a good play"], ["meh", "pos"])
     e = error({"dataset": ds, "eval_datasets": [stranger]}, 422)
     assert e["error"] == f"eval_datasets: {stranger} has labels ['meh'] that {ds} never trains on"
 
@@ -96,14 +74,14 @@ def test_bad_requests_get_statuses_and_messages(tiny_api: Any) -> None:
 
 def test_a_frozen_job_is_scored_on_its_evaluation_set(tiny_api: Any) -> None:
     c = tiny_api.client
-    ds = _dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
-    shifted = _dataset(c, ["good fun", "a bad time", "lovely and warm", "dull and poor"],
+    ds = dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
+    shifted = dataset(c, ["good fun", "a bad time", "lovely and warm", "dull and poor"],
                        ["pos", "neg", "pos", "neg"])
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 2,
                                     "eval_datasets": [shifted]})
     assert r.status_code == 202, r.text
     assert r.json()["request"]["eval_datasets"] == [shifted]
-    job = _wait(c, r.json()["job_id"])
+    job = wait(c, r.json()["job_id"])
     assert job["state"] == "succeeded", job
     result = c.get(f"/v1/regimes/{r.json()['id']}").json()["result"]
     frozen = result["regimes"]["frozen"]
@@ -115,7 +93,7 @@ def test_a_frozen_job_is_scored_on_its_evaluation_set(tiny_api: Any) -> None:
 
 def test_a_regimes_job_runs_in_the_worker_and_stores_its_tensors(tiny_api: Any) -> None:
     c = tiny_api.client
-    ds = _dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
+    ds = dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen", "bitfit"], "seeds": 2,
                                     "max_epochs": 1})
     assert r.status_code == 202, r.text
@@ -124,7 +102,7 @@ def test_a_regimes_job_runs_in_the_worker_and_stores_its_tensors(tiny_api: Any) 
     assert r.json()["job_id"] == rid and r.json()["state"] in ("queued", "running")
     early = c.get(f"/v1/regimes/{rid}/plot.png")
     assert early.status_code == 409 and early.json()["job_id"] == rid
-    job = _wait(c, rid)
+    job = wait(c, rid)
     assert job["state"] == "succeeded", job["error"]
     # 2 seeds x (1 probe + 1 epoch), and the regime and seed trained last
     assert job["progress"] == {"done": 4, "total": 4, "stage": "bitfit, seed 2 of 2, 14 training texts"}
@@ -154,7 +132,7 @@ def test_a_regimes_job_runs_in_the_worker_and_stores_its_tensors(tiny_api: Any) 
 
 def test_cancelling_a_queued_regimes_job(tiny_api: Any) -> None:
     c = tiny_api.client
-    ds = _dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
+    ds = dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
     tiny_api.worker.stop()  # the job stays queued
     rid = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["full"]}).json()["id"]
     r = c.delete(f"/v1/regimes/{rid}")

@@ -10,7 +10,6 @@ the tiny BERT family's WordPiece tokenizer (tests/families.py).
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-POS = ["a good film", "a great play", "good and warm", "a lovely story", "great fun", "a fine good show",
-       "warm and great", "a good great time", "lovely work", "fine and good"]
-NEG = ["a bad film", "a dull play", "bad and cold", "an awful story", "dull work", "a poor bad show",
-       "cold and dull", "a bad awful time", "poor work", "awful and bad"]
+from tests.regimes_data import NEG, POS, wait
 
 
 class BlobConfig(PretrainedConfig):
@@ -119,19 +115,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, family_model_dir: A
     return _save(BlobModel, BlobConfig(), tmp_path_factory.mktemp("blob"), family_model_dir("bert"))
 
 
-def _wait(c: Any, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (job := c.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.02)
-    return job  # type: ignore[no-any-return]
-
-
 def test_unmappable_model_is_a_422_naming_what_was_not_found(tiny_api: Any) -> None:
     c = tiny_api.client
     ds = c.post("/v1/datasets", json={"name": "blob", "texts": POS + NEG,
                                       "labels": ["pos"] * 10 + ["neg"] * 10}).json()
-    assert _wait(c, ds["job_id"])["state"] == "succeeded"  # extraction works on any encoder
+    assert wait(c, ds["job_id"])["state"] == "succeeded"  # extraction works on any encoder
     r = c.post("/v1/regimes", json={"dataset": ds["id"], "regimes": ["frozen", "lora", "top_k"]})
     assert r.status_code == 422, r.text
     body = r.json()
@@ -145,7 +133,7 @@ def test_unmappable_model_is_a_422_naming_what_was_not_found(tiny_api: Any) -> N
     r = c.post("/v1/regimes", json={"dataset": ds["id"], "regimes": ["frozen", "bitfit"], "seeds": 1,
                                     "max_epochs": 1})
     assert r.status_code == 202, r.text
-    job = _wait(c, r.json()["job_id"])
+    job = wait(c, r.json()["job_id"])
     assert job["state"] == "succeeded", job
     assert set(job["result"]["regimes"]) == {"frozen", "bitfit"}
 

@@ -28,23 +28,9 @@ from layerbank.workers.regimes.linear_probe import probe_head, stratified_split
 from layerbank.workers.regimes.result import choose
 from layerbank.workers.regimes.run import run_regimes
 from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
+from tests.regimes_data import one_torch_thread, random_texts
 
-WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():  # type: ignore[no-untyped-def]
-    """Tiny matrices: on a shared machine, a second OpenMP thread made training 9x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _texts(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
-    rng = np.random.default_rng(seed)
-    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 9)))) for _ in range(n)]
-    return texts, [int(i % 2) for i in range(n)]
+_one_torch_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +104,7 @@ def test_split_is_stratified_and_disjoint() -> None:
 
 
 def test_frozen_regime_equals_direct_sklearn_probe(tiny_model_dir: str) -> None:
-    texts, labels = _texts(90)
+    texts, labels = random_texts(90)
     rng = np.random.default_rng(1)
     y = np.array(labels)
     feats = rng.normal(size=(90, 3, 8)).astype(np.float32)
@@ -170,7 +156,7 @@ def _manual_mean_pool(model_dir: str, texts: list[str]) -> np.ndarray:
 
 
 def test_frozen_features_computed_by_the_encoder_match_a_manual_mean_pool(tiny_model_dir: str) -> None:
-    texts, labels = _texts(60, seed=2)
+    texts, labels = random_texts(60, seed=2)
     kwargs = {"model_path": tiny_model_dir, "regimes": ("frozen",), "seeds": 1, "device": "cpu"}
     given = run_regimes(texts, labels, frozen_features=_manual_mean_pool(tiny_model_dir, texts), **kwargs)
     computed = run_regimes(texts, labels, **kwargs)
@@ -180,7 +166,7 @@ def test_frozen_features_computed_by_the_encoder_match_a_manual_mean_pool(tiny_m
 
 
 def test_fine_tuned_head_starts_from_the_last_layer_probe(tiny_model_dir: str) -> None:
-    texts, labels = _texts(90, seed=4)
+    texts, labels = random_texts(90, seed=4)
     y, feats = np.array(labels), _manual_mean_pool(tiny_model_dir, texts)
     # zero learning rates: the fine-tuned classifier is the encoder plus its initial head
     result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("bitfit",), seeds=1,
@@ -200,7 +186,7 @@ def _digest(directory: str) -> dict[str, str]:
 
 
 def test_every_regime_end_to_end_on_the_tiny_model(tiny_model_dir: str, tmp_path: Path) -> None:
-    texts, labels = _texts(80)
+    texts, labels = random_texts(80)
     before = _digest(tiny_model_dir)
     seen: list[tuple[int, int]] = []
     stages: list[str] = []
@@ -238,14 +224,14 @@ def test_every_regime_end_to_end_on_the_tiny_model(tiny_model_dir: str, tmp_path
 
 
 def test_out_dir_inside_the_model_directory_is_refused(tiny_model_dir: str) -> None:
-    texts, labels = _texts(40)
+    texts, labels = random_texts(40)
     with pytest.raises(ValueError, match="model directory"):
         run_regimes(texts, labels, model_path=tiny_model_dir, out_dir=Path(tiny_model_dir) / "heads")
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # gc.get_objects() meets deprecated torch names
 def test_cancel_stops_training_and_frees_the_model(tiny_model_dir: str) -> None:
-    texts, labels = _texts(120)
+    texts, labels = random_texts(120)
     models: list[weakref.ref[SequenceClassifier]] = []
     calls = {"n": 0, "progress_after_cancel": 0}
 
@@ -315,7 +301,7 @@ def test_slanted_triangular_rates_by_hand() -> None:
 
 
 def test_an_evaluation_set_equal_to_the_test_split_scores_the_same(tiny_model_dir: str) -> None:
-    texts, labels = _texts(60)
+    texts, labels = random_texts(60)
     y = np.array(labels)
     _, _, test = stratified_split(y, 0.2, 0.1, 0)
     same = ([texts[i] for i in test], [labels[i] for i in test])
@@ -332,14 +318,14 @@ def test_an_evaluation_set_equal_to_the_test_split_scores_the_same(tiny_model_di
 
 
 def test_evaluation_labels_outside_the_training_classes_are_refused(tiny_model_dir: str) -> None:
-    texts, labels = _texts(40)
+    texts, labels = random_texts(40)
     with pytest.raises(ValueError, match=r"evaluation set 'ood': labels \['7'\] are not among"):
         run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen",), seeds=1, device="cpu",
                     eval_sets={"ood": (["a text"], [7])})
 
 
 def test_without_seeds_each_training_size_gets_the_rules_count(tiny_model_dir: str) -> None:
-    texts, labels = _texts(600)
+    texts, labels = random_texts(600)
     result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen",), device="cpu",
                          train_sizes=[300, 420])
     # train split 420; ceil(1500 / 300) = 5, ceil(1500 / 420) = 4

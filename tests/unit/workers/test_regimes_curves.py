@@ -11,7 +11,6 @@ import copy
 import re
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,21 +19,9 @@ from layerbank.workers.regimes.curves import crossover, layer_cut
 from layerbank.workers.regimes.finetune import SequenceClassifier, TrainSettings, make_optimizer, rate_groups
 from layerbank.workers.regimes.run import run_regimes
 from layerbank.workers.regimes.trainable import configure, expected_trainable
+from tests.regimes_data import one_torch_thread, random_texts
 
-WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a", "very"]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():  # type: ignore[no-untyped-def]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _texts(n: int) -> tuple[list[str], list[int]]:
-    rng = np.random.default_rng(0)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 9)))) for _ in range(n)], [i % 2 for i in range(n)]
+_one_torch_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 def _layer(name: str) -> int | None:
@@ -45,7 +32,7 @@ def _layer(name: str) -> int | None:
 def test_the_layer_cut_curve_on_the_tiny_model(tiny_model_dir: str) -> None:
     from transformers import AutoModel
 
-    texts, labels = _texts(48)
+    texts, labels = random_texts(48)
     result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("top_k", "full"), top_k=[0, 1, 2],
                          seeds=2, max_epochs=1, max_length=16, device="cpu")
     rows = result["regimes"]
@@ -153,7 +140,7 @@ def test_xi_sets_each_layers_rate(tiny_model_dir: str, regime: str, k: int | Non
 
 
 def test_an_xi_sweep_is_one_row_per_value(tiny_model_dir: str) -> None:
-    texts, labels = _texts(40)
+    texts, labels = random_texts(40)
     result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("full",), xi=[0.5, 1.0], seeds=1,
                          max_epochs=1, max_length=16, device="cpu")
     assert list(result["regimes"]) == ["full:xi=0.5", "full:xi=1"]

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from layerbank.workers.regimes.run import run_regimes
 from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
 from tests.families import FAMILIES, LAYERS
+from tests.regimes_data import one_torch_thread
 
 RANK = 8
 TOP_K = LAYERS // 2  # the default: bottom half frozen
@@ -41,12 +41,7 @@ SPEC: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():  # type: ignore[no-untyped-def]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_torch_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 def _model(family_model_dir: Any, family: str) -> Any:
