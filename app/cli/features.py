@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,12 @@ from layerbank.app.cli.common import (
     fail,
     load_table,
     settings_from,
-    through_a_server,
 )
 from layerbank.app.cli.store_first import StoreFirst, locate
 from layerbank.app.feature_files import OutPathError, check_out_path, write_features
+from layerbank.app.features_service import TextsLost, features_for
 from layerbank.cache.poolings import POOLING_NAMES
+from layerbank.cache.store import ReadResult
 from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
 
 
@@ -67,35 +68,32 @@ def run(args: argparse.Namespace) -> int:
     with StoreFirst.open(settings, source, url_flag=True) as sf:
         if (h := sf.n_hidden_states) is not None:
             _check_view(view, h)
-        stored = sf.read_view(table.texts, view, args.pooling)
-        if stored is not None:  # every text stored: torch and the weights stay unloaded
-            return _write(out, stored.data, table.texts, view, args.pooling, sf.model_name)
-    from layerbank.workers.local import LocalExtractor, ModelLoadError
+        x = _matrix(sf, table.texts, view, args.pooling, progress=not args.no_progress)
+        model_name = sf.loaded.model_name if sf.loaded is not None else sf.model_name
+    return _write(out, x, table.texts, view, args.pooling, model_name)
 
-    try:
-        ex = LocalExtractor.open(settings.data_dir, model=settings.model,
-                                 **settings.extraction_options(), threads=settings.threads)
-    except ModelLoadError as e:
-        fail(str(e))
-        raise
-    except RuntimeError as e:  # a server took the data directory meanwhile
-        fail(through_a_server(str(e), settings.data_dir))
-        raise
-    with ex:
-        from layerbank.app.cli.cost import announce
 
-        job_id = "cli-" + uuid.uuid4().hex[:10]
-        _check_view(view, int(ex.encoder.info["n_hidden_states"]))  # before anything is encoded
-        announce(ex, table.texts)  # a large file says what it will cost first
+def _matrix(sf: StoreFirst, texts: list[str], view: View, pooling: str, *, progress: bool) -> np.ndarray:
+    """The view's rows of ``texts`` (layerbank.app.features_service: stored rows as they are,
+    the misses extracted in-process with a bar and its ETA; all stored: nothing loads)."""
+    def read(keys: list[str]) -> list[ReadResult]:
+        assert sf.model is not None  # keys are asked for only once the model is known
         try:
-            # the misses first, with a bar (and its ETA); features() then reads them all from the store
-            ex.extract(table.texts, job_id=job_id, progress_bar=not args.no_progress,
-                       max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
-            x = ex.features(table.texts, view, args.pooling, job_id=job_id)
+            return [sf.store.read_view(keys, view, pooling, sf.model.n_hidden_states)]
         except ViewError as e:
             fail(str(e))
-            raise
-    return _write(out, x, table.texts, view, args.pooling, ex.model_name)
+
+    store_and_extractor = sf.text_source(read, progress=progress)
+
+    def encode(texts: list[str], keys: list[str] | None) -> int:
+        _check_view(view, int(sf.extractor().encoder.info["n_hidden_states"]))  # before anything is encoded
+        return store_and_extractor.encode(texts, keys)
+
+    try:
+        got = features_for(texts, replace(store_and_extractor, encode=encode))
+    except TextsLost as e:
+        fail(f"{e.lost} texts could not be read back from the store; run again")
+    return got.results[0].data
 
 
 def _through(args: argparse.Namespace, settings: Any, out: Path, view: View) -> int:
