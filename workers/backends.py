@@ -11,8 +11,8 @@ numbers, and a job re-run on either skips parts the other committed.
   the default, no extra services.
 - ``RayBackend``: a warm pool of encoder actors on a Ray cluster
   (``layerbank.workers.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
-  catalog stays here: actors write shards to the shared shard directory and
-  only this process commits them.
+  catalog stays here: actors hand their rows to the store's shard storage
+  (the shared shard directory by default) and only this process commits them.
 
 ``progress`` receives a ``layerbank.workers.extract.Progress`` (done, total, tokens,
 tokens per second, ETA). ``should_continue`` is asked between units of work
@@ -87,7 +87,7 @@ class EmbeddedBackend:
 
 
 class RayBackend:
-    """A warm pool of encoder actors on a Ray cluster; shards land in the shared shard directory.
+    """A warm pool of encoder actors on a Ray cluster; shards land in the store's storage (shared).
 
     ``encoder`` is the driver's copy: it makes the keys, and tells the actors
     which model and config to load (they refuse to work if theirs differ).
@@ -133,7 +133,7 @@ class RayBackend:
             self.pool.close()  # another precision: these actors hold the wrong weights
             self.pool = None
         if self.pool is None:
-            self.pool = EncoderPool(spec, self.store.shard_dir, size=self.actors,
+            self.pool = EncoderPool(spec, self.store.storage, size=self.actors,
                                     gpus_per_actor=self.gpus_per_actor, threads=self.threads,
                                     max_tokens=self.max_tokens)
         self.pool.start()

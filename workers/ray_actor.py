@@ -1,4 +1,5 @@
-"""The Ray actor of the encoder pool: loads the model once, turns parts into shards.
+"""The Ray actor of the encoder pool: loads the model once, turns parts into shard rows
+that the store's storage writes.
 
 Used by ``layerbank.workers.ray_pool`` (which starts, feeds and replaces
 these actors) and re-exported by ``layerbank.workers.ray_backend``. Ray
@@ -9,12 +10,12 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from layerbank.cache.keys import text_key
-from layerbank.cache.shard import ShardContents, fsync_dir, write_shard
+from layerbank.cache.shard import ShardContents
+from layerbank.cache.storage import ShardStorage
 
 from .encoder import Encoder
 from .extract import Progress, _encode_part
@@ -26,11 +27,13 @@ class ShardEncoder:
     """A Ray actor: loads the encoder once, then turns part after part into shards.
 
     ``encode(name, keys, texts, want_tokens)`` checks the texts against
-    their keys, writes the part's shard under ``shard_dir`` and returns its
-    metadata. The shard is written under a name unique to this attempt and
-    then renamed onto ``{name}.h5``, so a writer that outlives its retry (a
-    partitioned node) can never interleave bytes with it. ``pid()`` answers
-    once the model is loaded (the pool's readiness check).
+    their keys, hands the part's rows to ``storage`` (the driver's store's,
+    cache/storage.py), which writes shard ``{name}.h5``, and returns its
+    metadata for the driver to commit (``FeatureStore.commit``). The write
+    takes a temp name private to this attempt (``private_temp``), so a writer
+    that outlives its retry (a partitioned node) can never interleave bytes
+    with it. ``pid()`` answers once the model is loaded (the pool's readiness
+    check).
 
     ``fault`` is for tests only (users never pass it):
     ``{"die_once": marker_path}`` makes the first actor that finds no marker
@@ -40,7 +43,7 @@ class ShardEncoder:
     and then sleep, so a test can remove a node while it is mid-part.
     """
 
-    def __init__(self, spec: dict[str, Any], shard_dir: str, max_tokens: int | None,
+    def __init__(self, spec: dict[str, Any], storage: ShardStorage, max_tokens: int | None,
                  threads: int | None = None, fault: dict[str, str] | None = None) -> None:
         from .encoder import set_threads
 
@@ -56,7 +59,7 @@ class ShardEncoder:
             raise RuntimeError(f"this node loaded {got}, the driver expects "
                                f"{(spec['fingerprint'], spec['config'])}; install the same model "
                                "on every node")
-        self.shard_dir = Path(shard_dir)
+        self.storage = storage
         self.max_tokens = max_tokens
         self.fault = fault or {}
 
@@ -85,11 +88,8 @@ class ShardEncoder:
         contents = ShardContents(keys, enc.n_tokens, enc.truncated, enc.pooled, enc.tokens,
                                  attrs={"model_fingerprint": self.encoder.fingerprint,
                                         "extraction_config": canonical})
-        final = self.shard_dir / f"{name}.h5"
-        attempt = self.shard_dir / f"{name}.{uuid.uuid4().hex[:12]}.h5"
-        n_bytes = write_shard(attempt, contents, cfg.storage_dtype)
-        os.replace(attempt, final)
-        fsync_dir(self.shard_dir)  # the name is durable before the driver commits it
+        # published (durably) before the driver commits it
+        n_bytes = self.storage.write(f"{name}.h5", contents, cfg.storage_dtype, private_temp=True)
         self._maybe_die()
         return {"name": name, "keys": keys, "n_tokens": enc.n_tokens.tolist(),
                 "truncated": enc.truncated.tolist(), "n_bytes": n_bytes, "poolings": list(enc.pooled),

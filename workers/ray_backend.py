@@ -8,10 +8,12 @@ The parts still to do go to an ``EncoderPool`` (``layerbank.workers.ray_pool``)
 of ``ShardEncoder`` actors (``num_gpus=1, num_cpus=0`` when the cluster has
 GPUs). A server's worker starts its pool once and keeps it across jobs
 (``RayBackend.start``); ``extract_with_ray`` without a pool starts one for
-the call. Each actor encodes one part, writes its write-once shard straight
-to the shared shard directory and returns only metadata (name, keys, token
-counts, truncation flags, bytes). **Only the driver commits to the
-catalog**, so SQLite stays on the API host.
+the call. Each actor encodes one part and hands its rows to the store's
+shard storage (``FeatureStore.storage``, cache/storage.py; the local one is
+the shared shard directory), which writes the write-once shard; the actor
+returns only metadata (name, keys, token counts, truncation flags, bytes).
+**Only the driver commits**, through ``FeatureStore.commit``, so SQLite
+stays on the API host.
 
 Failure semantics (see docs/operations.md): the pool replaces a dead actor
 and re-queues its parts; the retry writes the same shard name, so a key is
@@ -146,7 +148,7 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
         started = connect(address)
         own = pool is None
         if pool is None:
-            pool = EncoderPool(encoder_spec(encoder), store.shard_dir, size=min(actors, len(todo)),
+            pool = EncoderPool(encoder_spec(encoder), store.storage, size=min(actors, len(todo)),
                                gpus_per_actor=gpus_per_actor, threads=threads,
                                max_tokens=max_tokens, fault=fault)
         elif pool.spec != encoder_spec(encoder):
@@ -189,9 +191,9 @@ def _commit(store: FeatureStore, meta: dict[str, Any], expected: dict[str, list[
     name = meta["name"]
     if expected.get(name) != meta["keys"]:
         raise RayExtractionError(f"shard {name} came back with other keys than were sent")
-    store.catalog.commit_shard(name + ".h5", meta["fingerprint"], meta["config"], meta["keys"],
-                               meta["n_tokens"], meta["truncated"], has_tokens=want_tokens,
-                               n_bytes=int(meta["n_bytes"]), poolings=meta["poolings"])
+    store.commit(name, model=meta["fingerprint"], config=meta["config"], keys=meta["keys"],
+                 n_tokens=meta["n_tokens"], truncated=meta["truncated"], has_tokens=want_tokens,
+                 n_bytes=int(meta["n_bytes"]), poolings=meta["poolings"])
 
 
 def _run(pool: EncoderPool, todo: list[dict[str, Any]], want_tokens: bool,

@@ -21,7 +21,7 @@ between parts while the driver commits.
 
 Example::
 
-    pool = EncoderPool(spec, store.shard_dir, size=2, gpus_per_actor=0, threads=1)
+    pool = EncoderPool(spec, store.storage, size=2, gpus_per_actor=0, threads=1)
     pool.start()
     for meta in pool.run(parts, want_tokens=False, tick_s=1.0):
         ...   # None on each tick without a finished part
@@ -34,8 +34,9 @@ import collections
 import logging
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from layerbank.cache.storage import ShardStorage
 
 log = logging.getLogger("layerbank.ray")
 
@@ -67,7 +68,7 @@ class EncoderPool:
     """
 
     spec: dict[str, Any]
-    shard_dir: Path | str
+    storage: ShardStorage  # where the actors' shards go (the driver's store's)
     size: int = 1
     gpus_per_actor: float | None = None
     threads: int | None = None
@@ -96,7 +97,7 @@ class EncoderPool:
         # max_restarts=0: this pool replaces a dead actor itself and re-queues its parts
         cls = ray.remote(ShardEncoder).options(num_gpus=gpus, num_cpus=0 if gpus else 1,
                                                max_restarts=0)
-        actor = cls.remote(self.spec, str(self.shard_dir), self.max_tokens, self.threads,
+        actor = cls.remote(self.spec, self.storage, self.max_tokens, self.threads,
                            self.fault)
         return _Slot(actor, actor.pid.remote())  # type: ignore[attr-defined]  # ray adds .remote at runtime
 
