@@ -55,6 +55,9 @@ import pytest
 os.environ.setdefault("LAYERBANK_ENGINE", "torch")
 os.environ.pop("LAYERBANK_CATALOG_URL", None)  # a developer's own catalog never reaches a test
 
+# what a catalog_free test runs under: nothing listens on port 9 (discard), so the
+# loopback refuses the connection at once
+NO_CATALOG_URL = "postgresql://catalog-free-test@127.0.0.1:9/none?connect_timeout=1"
 CATALOGS = [c.strip() for c in os.environ.get("LAYERBANK_TEST_CATALOGS", "sqlite").split(",")
             if c.strip()]
 # fixtures of a wider scope that hold no catalog: a test using only these gets a schema of its own
@@ -64,19 +67,100 @@ _NO_CATALOG = {"tiny_model_dir", "family_model_dir", "catalog_backend", "postgre
                "splits", "result", "bundled", "compose", "other_dir", "other_dirs"}
 
 
+# Test modules that open no catalog (the science, parsing, rendering, packaging): marked
+# catalog_free here, in one list, so they run once per suite run, not once per backend.
+# The marker's guard proves each claim on every run (a catalog opened fails the test).
+CATALOG_FREE_MODULES = {
+    "unit/test_code_map.py",
+    "unit/test_compose.py",
+    "unit/test_families.py",
+    "unit/test_import_rules.py",
+    "unit/test_no_shared_data.py",
+    "unit/test_packaging.py",
+    "unit/app/test_advice.py",
+    "unit/app/test_heads.py",
+    "unit/app/test_input_hints.py",
+    "unit/app/test_inputs.py",
+    "unit/app/test_mdl.py",
+    "unit/app/test_plots.py",
+    "unit/app/test_probe.py",
+    "unit/app/test_probe_options.py",
+    "unit/app/test_regimes_plot.py",
+    "unit/app/test_spans.py",
+    "unit/app/test_tables.py",
+    "unit/app/test_token_probe.py",
+    "unit/app/test_wordsets.py",
+    "unit/cache/test_disk_full_type.py",
+    "unit/cache/test_errors.py",
+    "unit/cache/test_keys.py",
+    "unit/cache/test_request_texts.py",
+    "unit/cache/test_shard.py",
+    "unit/cache/test_space.py",
+    "unit/cache/test_space_errors.py",
+    "unit/cache/test_views.py",
+    "unit/cache/test_words.py",
+    "unit/cache/test_words_word_ids.py",
+    "unit/workers/test_batching.py",
+    "unit/workers/test_determinism.py",
+    "unit/workers/test_encoder.py",
+    "unit/workers/test_finetune_steps.py",
+    "unit/workers/test_measured.py",
+    "unit/workers/test_min_padding_batches.py",
+    "unit/workers/test_model_pool.py",
+    "unit/workers/test_model_source.py",
+    "unit/workers/test_onnx_engine.py",
+    "unit/workers/test_precision_calibration.py",
+    "unit/workers/test_precision_linear_cast.py",
+    "unit/workers/test_recipe_directory.py",
+    "unit/workers/test_regimes.py",
+    "unit/workers/test_regimes_curves.py",
+    "unit/workers/test_regimes_families.py",
+    "unit/workers/test_regimes_options.py",
+    "integration/test_regimes_sst2.py",
+    "integration/test_wheel.py",
+    "unit/test_suite_lists.py",
+}
+
+
+# Test modules about the client's side of HTTP (browsers, SDKs, the CLI's --url, a first
+# hour on the default catalog): the server behind them stores through the same routes that
+# test_server, test_replicas and the reliability tests exercise on both backends, so one
+# pass (SQLite's) is enough; marked sqlite_only here with the reason
+ONE_BACKEND_MODULES = {
+    "integration/test_api_docs_browser.py": "the API docs pages in a browser",
+    "integration/test_cross_site_browser.py": "cross-site requests, refused before any route",
+    "integration/test_lab.py": "the lab's pages in a browser",
+    "integration/test_client.py": "the Python client's side of the API",
+    "integration/test_openai_client.py": "the OpenAI SDK's side of /v1/embeddings",
+    "integration/test_embedding_clients.py": "LangChain's and llama-index's side",
+    "integration/test_cli_url.py": "the CLI's requests through --url",
+    "integration/test_cli_first_hour.py": "a first hour runs on the default catalog, SQLite",
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: about the SQLite catalog file itself; "
                             "deselected on the PostgreSQL backend")
     config.addinivalue_line("markers", "postgres_only: about the PostgreSQL catalog; deselected "
                             "on the SQLite backend")
+    config.addinivalue_line("markers", "catalog_free: opens no catalog (science, parsing, "
+                            "rendering): runs on the first backend only, under a catalog URL "
+                            "that no server answers, so a catalog opened after all fails the test")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep, drop = [], []
+    tests_dir = Path(__file__).parent
     for item in items:
+        module = item.path.relative_to(tests_dir).as_posix()
+        if module in CATALOG_FREE_MODULES:
+            item.add_marker(pytest.mark.catalog_free)
+        elif module in ONE_BACKEND_MODULES:
+            item.add_marker(pytest.mark.sqlite_only)
         backend = getattr(item, "callspec", None) and item.callspec.params.get("catalog_backend")
         other = (backend == "postgres" and item.get_closest_marker("sqlite_only")) or \
-            (backend == "sqlite" and item.get_closest_marker("postgres_only"))
+            (backend == "sqlite" and item.get_closest_marker("postgres_only")) or \
+            (backend not in (None, CATALOGS[0]) and item.get_closest_marker("catalog_free"))
         (drop if other else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -171,6 +255,13 @@ def _widest_data_scope(request: pytest.FixtureRequest) -> tuple[str, list[str]]:
 def _test_catalog(request: pytest.FixtureRequest, catalog_backend: str) -> Iterator[None]:
     """A schema of the test's own, unless it works on a module's store or server (the
     module's schema) or a session's (the pass's schema)."""
+    if request.node.get_closest_marker("catalog_free"):
+        # a test that claims to open no catalog runs once, so the claim is checked: a
+        # catalog opened by it (or by a process it starts: they inherit the environment)
+        # fails to connect, loudly, instead of quietly using a SQLite file
+        with catalog_env(NO_CATALOG_URL):
+            yield
+        return
     scope, names = _widest_data_scope(request)
     if scope == "module":
         yield
