@@ -36,9 +36,10 @@ from layerbank.app.cli.common import (
     add_flag,
     fail,
     load_table,
-    open_extractor,
     settings_from,
 )
+from layerbank.app.cli.store_first import StoreFirst, locate
+from layerbank.app.features_service import TextsLost, features_for
 
 __all__ = ["register", "run", "verdict"]
 
@@ -163,20 +164,21 @@ def run(args: argparse.Namespace) -> int:
 
     run_id = "cli-" + uuid.uuid4().hex[:10]
     bar = ProgressBar(not args.no_progress, "epoch")
-    with open_extractor(settings) as ex:
-        from layerbank.app.cli.cost import announce
+    with StoreFirst.open(settings, locate(settings), url_flag=True) as sf:
         from layerbank.workers.regimes.families import UnmappableModel, describe, require
 
+        ex = sf.extractor()  # fine-tuning needs the weights: they load whatever is stored
         try:  # a model whose layers or projections cannot be found: one line, before any work
             require(describe(ex.encoder.model), regimes, name=repr(ex.encoder.name))
         except UnmappableModel as e:
             fail(str(e))
-
-        announce(ex, table.texts)
-        ex.extract(table.texts, job_id=run_id, progress_bar=not args.no_progress,
-                   max_tokens=settings.max_tokens_per_batch, part_size=settings.part_size)
-        keys = [ex.store.key(ex.encoder.fingerprint, ex.encoder.config, t) for t in table.texts]
-        read = ex.store.read_pooled(keys, "mean")
+        # the frozen regime's features: the stored mean states, the misses extracted first
+        # (layerbank.app.features_service); rows that cannot be read back are computed by the regime
+        try:
+            frozen = features_for(table.texts, sf.text_source(
+                lambda keys: [sf.store.read_pooled(keys, "mean")], progress=not args.no_progress)).results[0].data
+        except TextsLost:
+            frozen = None
         try:
             result = run_regimes(
                 table.texts, labels, model_path=ex.encoder.name, regimes=regimes, seeds=args.seeds,
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
                 top_k=top_k, xi=xi,
                 train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
                 max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
-                frozen_features=read.data if read.found.all() else None,
+                frozen_features=frozen,
                 out_dir=ex.store.root / "regimes" / run_id, progress=bar, stage=bar.stage)
         except (ValueError, Cancelled) as e:  # labels too few to split, a size too big, Ctrl-C'd
             bar.close()
