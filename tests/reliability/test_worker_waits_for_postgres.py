@@ -27,7 +27,7 @@ from tests.integration.conftest import ROOT
 from tests.postgres_server import PostgresServer
 
 # run in the suite's PostgreSQL pass (LAYERBANK_TEST_CATALOGS), deselected in the SQLite one
-pytestmark = [pytest.mark.postgres_only, pytest.mark.reliability, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.reliability, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_a_worker_started_while_postgresql_is_down_waits_and_then_runs_a_job(
     data, log = tmp_path / "data", tmp_path / "worker.log"
     worker = _worker(data, tiny_model_dir, url, log)
     try:
-        deadline = time.monotonic() + 180  # it loads the model first
+        deadline = time.monotonic() + 300  # it loads the model first (minutes on a loaded machine)
         while "waiting for it" not in (text := log.read_text() if log.exists() else ""):
             assert worker.poll() is None, f"the worker exited with {worker.returncode}:\n{text[-3000:]}"
             assert time.monotonic() < deadline, text[-3000:]
