@@ -1,19 +1,26 @@
 """What a store costs as it grows to a million texts (issue 28 item 4).
 
-One data directory grows through ``--sizes`` (default 10^4, 10^5, 10^6 texts),
-filled by ``layerbank extract`` with a tiny random BERT (2 layers, 32 wide:
-the encoder is not the cost here, the store and the server are). At each
+One data directory grows through ``--sizes`` (default 10^4, 10^5, 10^6 texts)
+of a tiny random BERT's rows (2 layers, 32 wide: the encoder is not the
+cost here, the store and the server are). At each
 size it prints one block:
 
-- extraction tokens/s of the texts added (the CLI's own figure) and its wall time;
+- extraction tokens/s of ``--extract`` new texts (default 5,000) encoded by
+  ``layerbank extract`` into the store as it stands (the CLI's own figure, and
+  its wall time); the rest of each size is stored without the encoder, as
+  random rows under the keys the encoder's would have, written and committed
+  through ``FeatureStore.write`` as the worker does (on 2 busy cores the tiny
+  model encodes ~50-100 texts/s, so 10^6 encoded texts would take hours);
+- the catalog check ``serve`` runs before it binds (SQLite ``quick_check``), seconds;
 - server start: ``layerbank serve`` on the directory, seconds until ``/health``
   answers (the API) and until ``/ready`` lists a worker (cached reads answer);
 - cached one-text ``POST /v1/features`` of a row in memory (the row cache):
   p50 / p99 and req/s at 1 and 16 clients, bench/serve.py's raw keep-alive
-  socket client;
+  socket client, and the API process's CPU time per request (on a shared
+  machine latency swells with the wait for a core; CPU time much less);
 - cached reads of stored texts not in memory (each a different text, drawn
-  over the whole store, one client): p50 / p99 and req/s, each answer
-  checked to be a hit;
+  over the whole store, one client): p50 / p99, req/s and API CPU per
+  request, each answer checked to be a hit;
 - resident memory (VmRSS) of the API process and of its worker, after those reads;
 - catalog size (``catalog.sqlite`` with its WAL) and bytes per text (shards,
   catalog);
@@ -89,6 +96,38 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+def fill(data_dir: Path, texts: list[str], seed: int, part: int = 2048) -> float:
+    """Store ``texts`` without the encoder: shards of ``part`` random rows under the keys the
+    encoder's rows would have (model and config of a shard ``extract`` wrote), written and
+    committed through ``FeatureStore.write``, as the worker does. Returns seconds."""
+    from layerbank.cache.keys import ExtractionConfig
+    from layerbank.cache.lock import DataDirLock
+    from layerbank.cache.shard import ShardContents
+    from layerbank.cache.store import FeatureStore
+
+    t0 = time.perf_counter()
+    lock = DataDirLock(data_dir).acquire()
+    store = FeatureStore(data_dir)
+    try:
+        name = sorted(store.catalog.shard_names())[0]
+        info = store.catalog.shard_info(name)
+        assert info is not None
+        h, d = store._reader(name).read_pooled(np.array([0]), "mean").shape[1:]  # noqa: SLF001
+        cfg = ExtractionConfig.from_json(info["config"])
+        rng = np.random.default_rng(seed)
+        for at in range(0, len(texts), part):
+            chunk = texts[at: at + part]
+            keys = [store.key(info["model"], cfg, t) for t in chunk]
+            pooled = {p: rng.standard_normal((len(chunk), h, d), dtype=np.float32) for p in info["poolings"]}
+            n_tokens = np.array([t.count(" ") + 3 for t in chunk])
+            store.write(f"scale-fill-{seed}-{at // part:05d}", ShardContents(
+                keys, n_tokens, np.zeros(len(chunk), bool), pooled), model=info["model"], config=cfg)
+    finally:
+        store.close()
+        lock.release()
+    return time.perf_counter() - t0
+
+
 def extract(data_dir: Path, model: str, texts: list[str], threads: int) -> dict[str, float]:
     """``layerbank extract`` of ``texts`` into ``data_dir``: its tokens/s and wall seconds."""
     f = data_dir.parent / "add.txt"
@@ -162,6 +201,13 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used: on a shared machine a request's cost
+    in CPU does not swell with the time it waits for a core, as its latency does."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def store_reads(port: int, texts: list[str]) -> dict[str, float]:
     """One keep-alive socket, one request per text (each text once: never in memory before)."""
     reqs = [_raw_request("/v1/features", {"texts": [t]}) for t in texts]
@@ -231,7 +277,14 @@ def repair(data_dir: Path) -> float:
 
 
 def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespace) -> dict[str, float]:
+    from layerbank.cache.repair import check_catalog
+
     res: dict[str, float] = {}
+    t0 = time.perf_counter()
+    problem = check_catalog(data_dir / "catalog.sqlite")
+    res["catalog_check_s"] = time.perf_counter() - t0
+    print(f"  catalog check (SQLite quick_check, what serve runs before it binds): {res['catalog_check_s']:.2f} s"
+          f"{'' if problem is None else ' ' + problem}", flush=True)
     srv = Serving(data_dir, model, args.threads)
     try:
         res.update(start_api_s=srv.api_s, start_ready_s=srv.ready_s)
@@ -244,19 +297,26 @@ def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespa
                 raise SystemExit(f"the first stored text is not a cached read: {status} {body[-300:]!r}")
         req = _raw_request("/v1/features", hot)
         for c in (1, 16):
-            runs = [_drive_raw(srv.port, req, c, 1 if c == 1 else args.client_procs, args.seconds)
-                    for _ in range(args.rounds)]
-            m = {k: statistics.median(r[k] for r in runs) for k in ("p50", "p99", "rps")}
+            runs = []
+            for _ in range(args.rounds):
+                c0 = cpu_s(srv.proc.pid)
+                r = _drive_raw(srv.port, req, c, 1 if c == 1 else args.client_procs, args.seconds)
+                r["cpu_ms"] = (cpu_s(srv.proc.pid) - c0) * 1e3 / max(1.0, r["rps"] * args.seconds)
+                runs.append(r)
+            m = {k: statistics.median(r[k] for r in runs) for k in ("p50", "p99", "rps", "cpu_ms")}
             res.update({f"memory_c{c}_p50_ms": m["p50"], f"memory_c{c}_p99_ms": m["p99"],
-                        f"memory_c{c}_rps": m["rps"]})
+                        f"memory_c{c}_rps": m["rps"], f"memory_c{c}_api_cpu_ms": m["cpu_ms"]})
             print(f"  cached read, row in memory, {c:2d} client(s): p50 {m['p50']:.3f} ms  p99 {m['p99']:.3f} ms  "
-                  f"{m['rps']:,.0f} req/s (load {os.getloadavg()[0]:.1f})", flush=True)
+                  f"{m['rps']:,.0f} req/s; API CPU {m['cpu_ms']:.3f} ms per request (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         picks = random.Random(len(texts)).sample(range(1, len(texts)), min(args.store_reads, len(texts) - 1))
+        c0 = cpu_s(srv.proc.pid)
         m = store_reads(srv.port, [texts[i] for i in picks])
-        res.update(store_p50_ms=m["p50"], store_p99_ms=m["p99"], store_rps=m["rps"])
+        m["cpu_ms"] = (cpu_s(srv.proc.pid) - c0) * 1e3 / len(picks)
+        res.update(store_p50_ms=m["p50"], store_p99_ms=m["p99"], store_rps=m["rps"], store_api_cpu_ms=m["cpu_ms"])
         print(f"  cached read, row from the store ({len(picks)} texts drawn over all {len(texts):,}), 1 client: "
-              f"p50 {m['p50']:.3f} ms  p99 {m['p99']:.3f} ms  {m['rps']:,.0f} req/s (load {os.getloadavg()[0]:.1f})",
-              flush=True)
+              f"p50 {m['p50']:.3f} ms  p99 {m['p99']:.3f} ms  {m['rps']:,.0f} req/s; API CPU {m['cpu_ms']:.3f} ms "
+              f"per request (load {os.getloadavg()[0]:.1f})", flush=True)
         res.update(rss_api_mb=rss_mb(srv.proc.pid), rss_worker_mb=rss_mb(srv.worker_pid))
         print(f"  resident memory: API {res['rss_api_mb']:.0f} MB, worker {res['rss_worker_mb']:.0f} MB", flush=True)
     finally:
@@ -286,6 +346,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="windows per figure, median kept")
     ap.add_argument("--client-procs", type=int, default=4, help="processes the 16 clients are spread over")
     ap.add_argument("--store-reads", type=int, default=1000, help="distinct stored texts read per size")
+    ap.add_argument("--extract", type=int, default=5000,
+                    help="texts encoded through `layerbank extract` at each size; the rest of the store "
+                         "is filled with random rows under the same keys (the encoder is not the cost here)")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -305,11 +368,17 @@ def main() -> None:
     try:
         for size in sizes:
             print(f"\n== {size:,} texts", flush=True)
-            if size > stored:
-                e = extract(data_dir, model, texts[stored:size], args.threads)
-                print(f"  extraction of {e['texts']:,} new texts: {e['tokens_per_s']:,.0f} tokens/s "
-                      f"({e['tokens']:,} tokens; {e['wall_s']:.1f} s wall with the CLI's start)", flush=True)
-                stored = size
+            # the encoder's share: --extract new texts through the CLI, into a store of `stored`
+            n_new = min(args.extract, size - stored)
+            e = extract(data_dir, model, texts[stored: stored + n_new], args.threads)
+            print(f"  extraction of {e['texts']:,} new texts into a store of {stored:,}: "
+                  f"{e['tokens_per_s']:,.0f} tokens/s ({e['tokens']:,} tokens; {e['wall_s']:.1f} s wall "
+                  "with the CLI's start)", flush=True)
+            if size > stored + n_new:
+                sec = fill(data_dir, texts[stored + n_new: size], seed=size)
+                print(f"  {size - stored - n_new:,} more texts stored without the encoder (random rows): "
+                      f"{sec:.1f} s", flush=True)
+            stored = size
             res = {"extract_tokens_per_s": e["tokens_per_s"], "extract_wall_s": e["wall_s"]}
             res.update(measure(data_dir, model, texts[:size], args))
             res["load"] = os.getloadavg()[0]
@@ -318,7 +387,9 @@ def main() -> None:
         first, last = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
         if len(sizes) > 1:
             print(f"\n{sizes[-1]:,} vs {sizes[0]:,} texts:")
-            for k in ("memory_c1_p50_ms", "memory_c16_rps", "store_p50_ms", "start_ready_s", "rss_api_mb",
+            for k in ("memory_c1_p50_ms", "memory_c1_api_cpu_ms", "memory_c16_rps", "store_p50_ms",
+                      "store_api_cpu_ms", "start_api_s", "start_ready_s",
+                      "catalog_check_s", "rss_api_mb",
                       "rss_worker_mb", "small_commit_ms", "compact_s", "repair_s", "catalog_bytes_per_text"):
                 print(f"  {k:24s} {first[k]:10.2f} -> {last[k]:10.2f}  ({last[k] / first[k]:.2f}x)")
         print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
