@@ -35,9 +35,14 @@ from layerbank.cache.catalog import Entry
 from layerbank.cache.store import FeatureStore, ReadResult
 from layerbank.cache.views import View
 
-__all__ = ["ROW_CACHE_BYTES", "RowCache"]
+__all__ = ["ROW_CACHE_BYTES", "ROW_OVERHEAD_BYTES", "RowCache"]
 
-ROW_CACHE_BYTES = 64 << 20  # ~12,000 rows of a 6-layer, 384-wide model in float16
+ROW_CACHE_BYTES = 64 << 20  # ~11,000 rows of a 6-layer, 384-wide model in float16
+# what one held row costs beside its numbers: the array's header, the key and value tuples,
+# the OrderedDict slot, the Entry and its key and shard strings (the cache is often their
+# only holder). Measured with tracemalloc: 615-735 B a row (bench/scale.py found the
+# budget 5x undercounted for a tiny model's rows, 16% for the bundled model's, without it)
+ROW_OVERHEAD_BYTES = 700
 
 
 class RowCache:
@@ -72,13 +77,13 @@ class RowCache:
             if (key, pooling) in self._rows:
                 return
             self._rows[(key, pooling)] = (row, entry, {})
-            self.bytes += row.nbytes
+            self.bytes += row.nbytes + ROW_OVERHEAD_BYTES
             self._evict()
 
     def _evict(self) -> None:
         while self.bytes > self.max_bytes and self._rows:
             old, _, frags = self._rows.popitem(last=False)[1]
-            self.bytes -= old.nbytes + sum(len(f) for f in frags.values())
+            self.bytes -= old.nbytes + ROW_OVERHEAD_BYTES + sum(len(f) for f in frags.values())
 
     @staticmethod
     def _result(rows: list[np.ndarray | None], entries: list[Entry | None], view: View,
