@@ -333,6 +333,8 @@ class ProbeService:
             fut, pid = self._running.get(job_id), self._pids.get(job_id)
             if fut is None or fut.done() or pid is None:
                 continue  # over meanwhile, or not started in its process yet: the next tick
+            if any(other != job_id and p == pid for other, p in self._pids.items()):
+                continue  # its process has taken another job since: this one is over
             await asyncio.to_thread(self.queue.mark_cancelled, job_id)  # before: the row says why
             try:
                 os.kill(pid, signal.SIGKILL)
