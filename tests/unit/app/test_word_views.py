@@ -73,3 +73,19 @@ def test_sentences_not_extracted_are_refused_naming_the_first(conll):
         wv.word_views(store, enc.fingerprint, enc.config, [train[0], ["never", "stored", "here"]])
     with pytest.raises(ValueError, match="unknown word mode 'last'"):
         wv.word_views(store, enc.fingerprint, enc.config, train[:2], mode="last")
+
+
+def test_a_compact_view_is_the_stored_dtype_only_where_that_is_exact(conll):
+    store, enc, train, _ = conll
+    lazy = wv.word_views(store, enc.fingerprint, enc.config, train)
+    assert lazy.store_dtype == np.float16  # the default storage dtype
+    for spec, compact_dtype in [("layers:0,2", np.float16), ("layer:1", np.float16), ("all_layers", np.float16),
+                                ("weighted:0.2,0.3,0.5", np.float32), ("mean_all", np.float32)]:
+        view = parse_view(spec)
+        wide = lazy.view_matrix(view, keep=lazy.covered)
+        small = lazy.view_matrix(view, keep=lazy.covered, compact=True)
+        assert small.dtype == compact_dtype, spec
+        # a sum or a mean rounded to float16 would not be the view any more: those stay float32
+        np.testing.assert_array_equal(small.astype(np.float32), wide, err_msg=spec)
+    mean_mode = wv.word_views(store, enc.fingerprint, enc.config, train, mode="mean")
+    assert mean_mode.view_matrix(parse_view("layers:0,2"), compact=True).dtype == np.float32
