@@ -10,6 +10,10 @@ Layout (documented for users in docs/storage.md)::
                                      attribute ``poolings`` lists them)
     /pooled/{pooling}_scale [n, H]   float32, int8 shards only: one scale per row
                                      per hidden state (cache/int8.py)
+    /pooled/{pooling}_centres [G, H, d] float16 (float32 where float16 overflows), int8
+                                     shards only: the per-dimension centres rows are coded
+                                     around (G: 1, or one per shard compacted into this one)
+    /pooled/{pooling}_centre_of [n]  int32, int8 shards only: each row's centre
     /tokens/offsets     [n + 1]      int64 row i owns token rows offsets[i]:offsets[i+1]
     /tokens/layer_{i}   [T, d]       token states of hidden state i
     /tokens/ids         [T]          int32 token ids
@@ -37,7 +41,7 @@ from typing import IO
 import h5py
 import numpy as np
 
-from .int8 import Int8Rows, dequantize, quantize, scale_name
+from .int8 import Int8Rows, centre_names, dequantize, quantize, scale_name
 from .poolings import DEFAULT_POOLINGS, POOLING_NAMES, parse_poolings
 from .space import ShardWriteError, as_write_error, check_room, estimate_bytes
 
@@ -148,12 +152,12 @@ def _cast(arr: np.ndarray, dtype: str, what: str) -> np.ndarray:
     return out
 
 
-def _quantized(arr: np.ndarray | Int8Rows, what: str) -> Int8Rows:
+def _quantized(arr: np.ndarray | Int8Rows, what: str, centred: bool = False) -> Int8Rows:
     """Rows as an int8 shard stores them; non-finite values refused like float16's overflow."""
     if isinstance(arr, Int8Rows):
         return arr
     try:
-        return quantize(arr)
+        return quantize(arr, centred=centred)
     except ValueError as e:
         raise StorageRangeError(f"{what}: {e}; store this model with --storage-dtype float32") from None
 
@@ -161,13 +165,26 @@ def _quantized(arr: np.ndarray | Int8Rows, what: str) -> Int8Rows:
 def _write_stored(group: h5py.Group, name: str, arr: np.ndarray | Int8Rows, dtype: str, what: str) -> None:
     """One dataset in the storage dtype; an int8 one with its scales beside it."""
     if dtype == "int8":
-        rows = _quantized(arr, what)
+        # pooled rows are coded around the shard's per-dimension centre: a pooled vector
+        # shares a few huge dimensions across texts (cls of inner layers), which a
+        # per-row scale alone rounded the differences between texts away with
+        # (docs/storage.md "int8"); token rows arrive quantised, per row
+        rows = _quantized(arr, what, centred=what.startswith("pooled/"))
         _dataset(group, name, rows.q)
         _dataset(group, scale_name(name), rows.scale)
+        if rows.centres is not None and rows.centre_of is not None:
+            centres, centre_of = centre_names(name)
+            _dataset(group, centres, rows.centres)
+            _dataset(group, centre_of, rows.centre_of)
         return
     if isinstance(arr, Int8Rows):
         raise TypeError(f"{what}: int8 rows cannot be written to a {dtype} shard")
     _dataset(group, name, _cast(arr, dtype, what))
+
+
+def _blocks(rows: np.ndarray | Int8Rows) -> int:
+    """How many centres a block of pooled rows carries (compaction stacks them)."""
+    return len(rows.centres) if isinstance(rows, Int8Rows) and rows.centres is not None else 1
 
 
 def _rows_per_chunk(row_bytes: int, n: int) -> int:
@@ -231,6 +248,8 @@ def _planned_bytes(contents: ShardContents, dtype: str) -> int:
     for a in contents.pooled.values():
         sizes += [int(np.prod(a.shape, dtype=np.int64)) * item]
         sizes += [int(np.prod(a.shape[:-1], dtype=np.int64)) * 4] if int8 else []
+        # centred int8: a row's centre index, and centres tables (one per block compacted)
+        sizes += [4 * n, int(np.prod(a.shape[1:], dtype=np.int64)) * 4 * _blocks(a)] if int8 else []
     if contents.tokens:
         t = sum(r.states.shape[0] for r in contents.tokens)
         n_states, d = contents.tokens[0].states.shape[1:3]
@@ -321,7 +340,7 @@ class ShardReader:
         """[len(rows), H, d] pooled states, as stored (float16 or float32); an int8 shard's
         dequantised to float32."""
         got = self.read_pooled_stored(rows, pooling)
-        return dequantize(got.q, got.scale) if isinstance(got, Int8Rows) else got
+        return got.values() if isinstance(got, Int8Rows) else got
 
     def read_pooled_stored(self, rows: np.ndarray, pooling: str) -> np.ndarray | Int8Rows:
         """The rows exactly as stored, an int8 shard's with their scales (compaction copies
@@ -330,7 +349,13 @@ class ShardReader:
         data = self._read_rows(name, idx)
         if data.dtype != np.int8:
             return data
-        return Int8Rows(data, self._read_rows(scale_name(name), idx))
+        scale = self._read_rows(scale_name(name), idx)
+        centres, centre_of = centre_names(name)
+        with _damage(self.path, centres):
+            table = self._open().get(centres)
+            if table is None:  # an int8 shard written before pooled rows were centred
+                return Int8Rows(data, scale)
+            return Int8Rows(data, scale, table[:], self._read_rows(centre_of, idx))
 
     def poolings(self) -> tuple[str, ...]:
         """The poolings this shard holds: its ``poolings`` attribute, or, in a shard

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from layerbank.cache.compact import compact
-from layerbank.cache.int8 import dequantize, quantize
+from layerbank.cache.int8 import quantize
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.shard import ShardReader
 from layerbank.cache.store import FeatureStore
@@ -80,8 +80,11 @@ def test_an_int8_shard_holds_int8_data_and_float32_scales(
             data, scale = q[f"pooled/{p}"], q[f"pooled/{p}_scale"]
             assert (data.dtype, data.shape, scale.dtype, scale.shape) == (np.int8, (n, h, d), np.float32, (n, h))
             assert data.fletcher32 and scale.fletcher32 and data.chunks and scale.chunks
-            # what a plain h5py reader does with them: q * scale
-            assert np.allclose(dequantize(data[:], scale[:]), ShardReader(q.filename).read_pooled(np.arange(n), p))
+            # what a plain h5py reader does with them: q * scale + the row's centre
+            centres, centre_of = q[f"pooled/{p}_centres"], q[f"pooled/{p}_centre_of"]
+            assert centres.shape == (1, h, d) and centre_of[:].tolist() == [0] * n
+            assert np.allclose(data[:] * scale[:][..., None] + centres[:][centre_of[:]].astype(np.float32),
+                               ShardReader(q.filename).read_pooled(np.arange(n), p))
             # bytes on disk (one chunk each here, + its 4-byte checksum): d + 4 per vector against
             # float16's 2 d (about half for any real width: 388 against 768 at d = 384)
             assert data.id.get_storage_size() == n * h * d + 4
