@@ -142,7 +142,7 @@ def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, 
     dropped = 0
     work_dtype = np.dtype(dtype)
 
-    def fit(Z: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, int]:
+    def fit(Z: np.ndarray | StandardizedRows, seen: np.ndarray) -> tuple[np.ndarray, int]:
         with warnings.catch_warnings():  # reported once, as ``converged``
             warnings.simplefilter("ignore")
             if C is not None:
