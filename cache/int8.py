@@ -6,7 +6,7 @@ Two encodings, both decoded by :func:`dequantize`:
 - **per row** (``quantize(x)``): for a row ``x`` of one hidden state (``d`` numbers),
   ``scale = max|x| / 127``, ``q = round(x / scale)`` in ``[-127, 127]``; the reader
   returns ``q * scale``. Each value is within ``max|x| / 254`` of the float32 result.
-  Self-contained per row: what token states and every shard written so far hold.
+  Self-contained per row: what token states and int8 shards written before centres hold.
 - **centred** (``quantize(x, centred=True)``, for a block of rows: one shard's pooled
   rows): the same, applied to ``x - c``, where ``c`` is the block's per-dimension mean
   of that hidden state, stored once per block in float16 (``centres [G, H, d]`` and,
