@@ -108,13 +108,16 @@ def test_cancelling_a_regimes_job_ends_its_process(limited: Any, monkeypatch: An
     api, ds = limited
     c = api.client
     monkeypatch.setattr(process, "TRAIN", f"{HERE}:sleeper")
+    posted = time.time()
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 1})
     rid = r.json()["id"]
     deadline = time.monotonic() + 120
     while c.get(f"/v1/jobs/{rid}").json()["progress"].get("done") != 1:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    children = [p for p in psutil.Process().children() if p.is_running()]
+    # this job's process only: earlier tests' children of this pytest process (a probe pool,
+    # another fixture's worker) may still run, and are not this job's to end
+    children = [p for p in psutil.Process().children() if p.is_running() and p.create_time() >= posted - 1]
     held = [p for p in children if p.memory_info().rss > 100 * 2**20]
     assert held, "no child process holds the job's 128 MB"
     t0 = time.monotonic()
