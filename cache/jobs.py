@@ -1,5 +1,11 @@
 """The job queue: a table in the catalog, claimed by workers under a lease.
 
+Why it lives in ``cache/`` and not between ``app/`` and ``workers/``: the queue
+is a table in the same catalog as the stored rows, written in the same
+transactions (a job's shards and its ``succeeded`` commit together), and both
+``app/`` (which submits) and ``workers/`` (which claims) may import ``cache/``
+but not each other. ``cache/runner.py`` is the loop a worker runs over it.
+
 States: queued -> running -> succeeded | failed | cancelled. A worker claims
 a job by writing its id and a lease deadline; it renews the lease with each
 heartbeat. A job whose lease expired (its worker died) is claimed again and

@@ -1,5 +1,6 @@
 """Extraction workers: encoder loading, tokenizing, batching, pooling, shard writing; ``regimes/`` for
-fine-tuning.
+fine-tuning. Two axes are packages: ``backends/`` (where extraction runs: this
+process or Ray actors) and ``engines/`` (what runs the forward pass: torch or ONNX).
 
 May import torch, transformers and ``layerbank.cache``; never ``layerbank.app``.
 

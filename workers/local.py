@@ -69,7 +69,7 @@ class LocalExtractor:
         bar = _Bar() if progress_bar else None
         try:
             if backend == "ray":
-                from .ray_backend import extract_with_ray  # optional extra
+                from .backends.ray_backend import extract_with_ray  # optional extra
 
                 return extract_with_ray(texts, self.store, self.encoder, job_id=job_id,
                                         want_tokens=want_tokens, address=ray_address,

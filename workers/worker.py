@@ -117,7 +117,7 @@ class Worker:
         self.models = models or ModelPool(encoder)
         self._in_use: list[str] = []  # fingerprints the running jobs (urgent ones nested) hold
         self.options = options or WorkerOptions()
-        # where dataset extraction runs (workers/backends.py); encode jobs always run here
+        # where dataset extraction runs (workers/backends/); encode jobs always run here
         self.backend: ExtractionBackend = backend or EmbeddedBackend(
             store, encoder, part_size=self.options.part_size, max_tokens=self.options.max_tokens)
         self.queue = JobQueue(store.catalog)

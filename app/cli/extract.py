@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
         if cached is not None:  # nothing to encode: torch and the weights stay unloaded
             _report(sf.model_name, cached, table, time.perf_counter() - t0)
             return 0
+    from layerbank.workers.backends.ray_backend import RayExtractionError, RayUnavailable
     from layerbank.workers.local import LocalExtractor, ModelLoadError  # imports torch: only when run
-    from layerbank.workers.ray_backend import RayExtractionError, RayUnavailable
 
     try:
         ex = LocalExtractor.open(settings.data_dir, model=settings.model,

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
         return FATAL_EXIT
     from layerbank.workers.backends import RayBackend, make_backend
-    from layerbank.workers.ray_backend import RayUnavailable
+    from layerbank.workers.backends.ray_backend import RayUnavailable
 
     try:
         backend = make_backend(settings.backend, store, encoder, part_size=settings.part_size,

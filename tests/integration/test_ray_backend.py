@@ -33,10 +33,10 @@ import ray as ray
 from layerbank.cache.datasets import DatasetStore
 from layerbank.cache.store import FeatureStore
 from layerbank.workers.backends import ExtractionBackend, make_backend
+from layerbank.workers.backends.ray_backend import RayUnavailable, extract_with_ray
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.extract import ExtractSummary, Progress, Stopped, extract
 from layerbank.workers.jobs_registry import ENCODE_PRIORITY
-from layerbank.workers.ray_backend import RayUnavailable, extract_with_ray
 from layerbank.workers.worker import Worker, WorkerOptions
 from tests.data_paths import SST2
 

@@ -21,9 +21,9 @@ import ray as ray
 from ray.cluster_utils import Cluster
 
 from layerbank.cache.store import FeatureStore
+from layerbank.workers.backends.ray_backend import extract_with_ray
 from layerbank.workers.encoder import Encoder
 from layerbank.workers.extract import extract
-from layerbank.workers.ray_backend import extract_with_ray
 from tests.integration.test_ray_backend import assert_same_shards, assert_stored_once, sst2_texts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -1,4 +1,8 @@
-"""Where extraction runs: one small interface, two engines.
+"""Where extraction runs: one small interface, two backends (this process, or Ray actors).
+
+One of the two axes of ``workers/``: this package says *where* the encoder runs;
+``workers/engines/`` says *what* runs its forward pass (torch or ONNX Runtime).
+The Ray backend is the three ``ray_*`` modules here (driver, pool, actor).
 
 ``ExtractionBackend.run(texts, job_id, want_tokens, progress, should_continue)``
 encodes the texts not yet stored and commits their shards to the store's
@@ -10,7 +14,7 @@ numbers, and a job re-run on either skips parts the other committed.
 - ``EmbeddedBackend``: this process's encoder (``layerbank.workers.extract.extract``);
   the default, no extra services.
 - ``RayBackend``: a warm pool of encoder actors on a Ray cluster
-  (``layerbank.workers.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
+  (``layerbank.workers.backends.ray_backend``); needs ``pip install 'layerbank[ray]'``. The
   catalog stays here: actors hand their rows to the store's shard storage
   (the shared shard directory by default) and only this process commits them.
 
@@ -35,8 +39,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from layerbank.cache.store import FeatureStore
 
-from .encoder import Encoder
-from .extract import ExtractSummary, Progress, extract
+from ..encoder import Encoder
+from ..extract import ExtractSummary, Progress, extract
 
 if TYPE_CHECKING:
     from .ray_pool import EncoderPool

@@ -4,7 +4,7 @@ The driver (the API host, or the CLI) plans the job exactly as
 ``layerbank.workers.extract`` does: the job's unique texts in order of length, cut into
 parts of ``part_size``; part ``p`` becomes shard ``{job_id}-{p:05d}``. Parts
 already committed (a resubmitted job) and texts already stored are skipped.
-The parts still to do go to an ``EncoderPool`` (``layerbank.workers.ray_pool``)
+The parts still to do go to an ``EncoderPool`` (``layerbank.workers.backends.ray_pool``)
 of ``ShardEncoder`` actors (``num_gpus=1, num_cpus=0`` when the cluster has
 GPUs). A server's worker starts its pool once and keeps it across jobs
 (``RayBackend.start``); ``extract_with_ray`` without a pool starts one for
@@ -39,8 +39,8 @@ from typing import Any
 from layerbank.cache.fingerprint import default_model_path
 from layerbank.cache.store import FeatureStore
 
-from .encoder import Encoder
-from .extract import ExtractSummary, Progress, Stopped, plan_parts
+from ..encoder import Encoder
+from ..extract import ExtractSummary, Progress, Stopped, plan_parts
 from .ray_actor import ShardEncoder
 from .ray_pool import EncoderPool, PoolError
 

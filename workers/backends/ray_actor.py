@@ -1,8 +1,8 @@
 """The Ray actor of the encoder pool: loads the model once, turns parts into shard rows
 that the store's storage writes.
 
-Used by ``layerbank.workers.ray_pool`` (which starts, feeds and replaces
-these actors) and re-exported by ``layerbank.workers.ray_backend``. Ray
+Used by ``layerbank.workers.backends.ray_pool`` (which starts, feeds and replaces
+these actors) and re-exported by ``layerbank.workers.backends.ray_backend``. Ray
 imports this module in each actor process.
 """
 
@@ -17,8 +17,8 @@ from layerbank.cache.keys import text_key
 from layerbank.cache.shard import ShardContents
 from layerbank.cache.storage import ShardStorage
 
-from .encoder import Encoder
-from .extract import Progress, _encode_part
+from ..encoder import Encoder
+from ..extract import Progress, _encode_part
 
 __all__ = ["ShardEncoder"]
 
@@ -45,7 +45,7 @@ class ShardEncoder:
 
     def __init__(self, spec: dict[str, Any], storage: ShardStorage, max_tokens: int | None,
                  threads: int | None = None, fault: dict[str, str] | None = None) -> None:
-        from .encoder import set_threads
+        from ..encoder import set_threads
 
         set_threads(threads)
         self.encoder = Encoder.load(spec["model"], device="auto", precision=spec["precision"],
