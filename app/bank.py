@@ -176,7 +176,7 @@ class Bank:
         states = dict(zip(poolings, self._read(
             texts, lambda store, keys: [store.read_pooled(keys, p) for p in poolings])))
         m = self._known_model()
-        # the model's storage dtype is the heads' noise floor (layerbank.app.probes.standardize)
+        # the model's storage dtype is the heads' noise floor (layerbank.linear_probe.standardize)
         return probe_sentences(states.__getitem__, labels, model=model_summary(m.info, m.fingerprint),
                                options=replace(opts, storage_dtype=m.config.storage_dtype), progress=progress)
 

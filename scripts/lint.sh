@@ -14,5 +14,6 @@ tree="$(mktemp -d)"
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/layerbank"
 for f in layerbank/*.py; do ln -s "$PWD/$f" "$tree/layerbank/"; done
+for d in layerbank/*/; do [ -f "$d/__init__.py" ] && ln -s "$PWD/${d%/}" "$tree/layerbank/"; done  # layerbank/linear_probe/
 for d in app cache workers; do ln -s "$PWD/$d" "$tree/layerbank/$d"; done
 (cd "$tree" && "$OLDPWD/$PY" -m mypy --config-file "$OLDPWD/pyproject.toml" -p layerbank)

@@ -8,7 +8,7 @@ learns, sets attributes ending in ``_`` and returns ``self``; ``predict`` and
 Every head standardizes its input (mean and scale learned in ``fit``, so only
 from training rows) and then predicts from plain numpy arrays it owns. The
 standardisation is noise-aware, as the token probe's and MDL's are
-(layerbank.app.probes.standardize): a dimension whose spread is below one step
+(layerbank.linear_probe.standardize): a dimension whose spread is below one step
 of ``storage_dtype`` (the dtype the features were stored in) is stored
 rounding noise, and gets ``scale_ = inf``, so its standardized value is 0 and
 it carries no weight, instead of being scaled up to unit variance; ``n_dropped_``
@@ -55,10 +55,10 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from layerbank.app.probes.head_files import read_head, write_head
 from layerbank.app.probes.head_names import HEAD_NAMES
-from layerbank.app.probes.logistic import fit_logistic_cv, softmax_decision
 from layerbank.app.probes.scalar_mix import ScalarMixHead  # it imports logistic, not this module
-from layerbank.app.probes.standardize import Standardizer
 from layerbank.cache.errors import InputError
+from layerbank.linear_probe.logistic import fit_logistic_cv, softmax_decision
+from layerbank.linear_probe.standardize import Standardizer
 
 __all__ = [
     "HEAD_NAMES",
@@ -161,7 +161,7 @@ class LogisticHead(_LinearHead):
     """L2 logistic regression; C picked from ``Cs`` by inner stratified CV.
 
     Same objective and solver (lbfgs) as sklearn's ``LogisticRegression(C)``
-    on standardized features, solved by ``layerbank.app.probes.logistic`` (see there why).
+    on standardized features, solved by ``layerbank.linear_probe.logistic`` (see there why).
     ``C_`` comes from an inner CV on the rows given to ``fit`` only
     (``fit_logistic_cv``: log loss, warm-started path over ``Cs``); the
     final model is refit on all those rows at ``C_``.

@@ -17,7 +17,7 @@ encodes it, at ``-log2 p(y | x)`` bits a label::
 
 Compression near 1 means the probe learnt nothing transmissible (shuffled
 labels give ~1.0); higher is better. The probe is the engine's own L2
-logistic regression (``layerbank.app.probes.logistic``) over standardized
+logistic regression (``layerbank.linear_probe.logistic``) over standardized
 features, with one output per class from the first block on, so a class not
 seen yet still gets a (small) probability, as the paper's probe does.
 
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from layerbank.app.probes.logistic import decision, fit_logistic, fit_logistic_cv
-from layerbank.app.probes.standardize import StandardizedRows, Standardizer
+from layerbank.linear_probe.logistic import decision, fit_logistic, fit_logistic_cv
+from layerbank.linear_probe.standardize import StandardizedRows, Standardizer
 
 __all__ = ["CS", "PAPER_FRACTIONS", "block_ends", "online_codelength", "online_codelengths",
            "uniform_codelength"]

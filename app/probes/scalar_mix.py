@@ -22,7 +22,7 @@ matter for pooled states (measured on MiniLM: same accuracy either way).
 Regularization. gamma and W act only through their product, so penalizing
 both selects the balanced split (gamma^2 = ||W||) and amounts to a penalty
 ``l2 * ||gamma W||`` on the effective weights. ``l2`` is not a knob: ``C_``
-is chosen by inner CV (``layerbank.app.probes.logistic.fit_logistic_cv``, training rows
+is chosen by inner CV (``layerbank.linear_probe.logistic.fit_logistic_cv``, training rows
 only) for a logistic regression on the uniform mix, and ``l2`` is set so
 that this fit is exactly the optimum of the objective at the uniform mix.
 Fitting starts there. The last term pulls the mix towards uniform with the
@@ -56,7 +56,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from layerbank.app.probes.logistic import fit_logistic, fit_logistic_cv, softmax_decision
+from layerbank.linear_probe.logistic import fit_logistic, fit_logistic_cv, softmax_decision
 
 __all__ = ["ScalarMixHead", "weighted_view_spec"]
 

@@ -215,7 +215,7 @@ def fit_head(states: np.ndarray, labels: Sequence[Any] | np.ndarray, view: str, 
              storage_dtype: str = "float16") -> Any:
     """Fit one head on all rows of ``states`` [n, H, d] (e.g. the best view and
     pooling of a probe result), ready for ``save_head``; ``storage_dtype``: what
-    the states were stored as (the heads' noise floor, layerbank.app.probes.standardize)."""
+    the states were stored as (the heads' noise floor, layerbank.linear_probe.standardize)."""
     y = check_labels(labels, cv=1)
     states = check_states(states, len(y), "given")
     expand_views([view], states.shape[1])

@@ -60,7 +60,7 @@ The result is JSON-serializable::
 
 Features are standardised once per view by the training rows, without a
 copy: the mean and spread are folded into the head's weights
-(``Standardizer.rows``, layerbank.app.probes.standardize.StandardizedRows),
+(``Standardizer.rows``, layerbank.linear_probe.standardize.StandardizedRows),
 so the fits read the view's matrix as it was read (float16 for a view
 wider than one layer: ``concat_last_4`` of the full CoNLL-2003 training set
 is 0.63 GB, against 1.25 GB for the float32 copy sklearn needed). Dimensions
@@ -68,7 +68,7 @@ whose spread is below one float16 step (stored rounding noise) get no weight;
 the row's ``dropped_dims`` counts them: plain standardisation scaled that
 noise to unit variance and cost 0.7 F1 on MiniLM's ``layer:-1``. The tagger
 and the control head share those rows. The head is
-layerbank.app.probes.logistic's L-BFGS fit of scikit-learn's
+layerbank.linear_probe.logistic's L-BFGS fit of scikit-learn's
 ``LogisticRegression(C=C)`` objective (multinomial, intercepts unpenalised,
 the same stopping rule), streamed over row chunks.
 
@@ -99,12 +99,12 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import f1_score
 from threadpoolctl import threadpool_limits
 
-from layerbank.app.probes.logistic import decision, fit_logistic
 from layerbank.app.probes.mdl import online_codelengths
 from layerbank.app.probes.scalar_mix import ScalarMixHead, weighted_view_spec
 from layerbank.app.probes.spans import check_bio, span_scores, word_accuracy
-from layerbank.app.probes.standardize import Standardizer
 from layerbank.cache.views import View, parse_view
+from layerbank.linear_probe.logistic import decision, fit_logistic
+from layerbank.linear_probe.standardize import Standardizer
 
 __all__ = ["WordStates", "WordStatesLike", "control_tags", "expand_views", "run_token_probe"]
 
@@ -233,7 +233,7 @@ def _fit_predict(
         converged = bool(np.max(head.n_iter_) < head.max_iter)
         return head.predict(x_valid), time.perf_counter() - start, converged, head
     # scikit-learn's LogisticRegression(C=c, solver="lbfgs") objective, streamed over the rows
-    # (layerbank.app.probes.logistic): sklearn would want the standardised float32 (or float64)
+    # (layerbank.linear_probe.logistic): sklearn would want the standardised float32 (or float64)
     # matrix, 1.25 GB (2.5 GB) for concat_last_4 of the full CoNLL-2003 training set. One
     # L-BFGS run with the whole budget: what sklearn's warm-started restarts reached, without
     # losing the curvature memory at each restart.
@@ -278,7 +278,7 @@ class _Done:
 
 def _standardised(x_tr: np.ndarray, x_va: np.ndarray) -> tuple[Any, Any, int]:
     """Both splits standardised by the training rows' mean and spread (float16 rounding noise
-    dimensions dropped: see layerbank.app.probes.standardize), as ``StandardizedRows`` over
+    dimensions dropped: see layerbank.linear_probe.standardize), as ``StandardizedRows`` over
     the arrays as they are (no copy; products in float32); and how many dimensions were dropped."""
     scaler = Standardizer("float16", "float32").fit(x_tr)
     return scaler.rows(x_tr), scaler.rows(x_va), scaler.n_dropped

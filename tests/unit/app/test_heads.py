@@ -14,8 +14,8 @@ from threadpoolctl import threadpool_limits
 
 from layerbank.app.probes import heads
 from layerbank.app.probes.heads import HEAD_NAMES, ProbeInputError, load_head, make_head, save_head
-from layerbank.app.probes.logistic import fit_logistic
 from layerbank.app.probes.scalar_mix import ScalarMixHead
+from layerbank.linear_probe.logistic import fit_logistic
 
 ALL_HEADS = [make_head(name, seed=0) for name in HEAD_NAMES]
 
@@ -113,7 +113,7 @@ def test_unknown_head_name_is_a_probe_input_error() -> None:
 
 
 def test_logistic_solver_matches_sklearn_logistic_regression() -> None:
-    """layerbank.app.probes.logistic is sklearn's objective; same C gives the same model."""
+    """layerbank.linear_probe.logistic is sklearn's objective; same C gives the same model."""
     X, y = _data(n=200, d=8)
     Z = (X - X.mean(0)) / X.std(0)
     y_idx = np.unique(y, return_inverse=True)[1]

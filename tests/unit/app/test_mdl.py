@@ -10,7 +10,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from layerbank.app.probes.mdl import block_ends, online_codelength, uniform_codelength
-from layerbank.app.probes.standardize import Standardizer
+from layerbank.linear_probe.standardize import Standardizer
 
 
 def test_block_ends_follow_the_papers_fractions():

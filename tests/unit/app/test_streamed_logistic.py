@@ -1,4 +1,4 @@
-"""layerbank.app.probes.logistic over StandardizedRows: the stored float16 rows with the
+"""layerbank.linear_probe.logistic over StandardizedRows: the stored float16 rows with the
 standardisation folded into the weights give the fit of the standardised matrix, and
 scikit-learn's LogisticRegression on the float32 copy the token probe used to make."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from layerbank.app.probes import standardize
-from layerbank.app.probes.logistic import decision, fit_logistic, fit_logistic_cv
-from layerbank.app.probes.standardize import Standardizer
+from layerbank.linear_probe import standardize
+from layerbank.linear_probe.logistic import decision, fit_logistic, fit_logistic_cv
+from layerbank.linear_probe.standardize import Standardizer
 
 
 def stored_rows(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

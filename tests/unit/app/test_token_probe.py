@@ -291,7 +291,7 @@ def test_the_iteration_budget_grows_until_the_tagger_converges(splits):
 
 def test_dimensions_that_are_float16_rounding_noise_are_left_out(splits):
     train, valid = splits
-    from layerbank.app.probes.standardize import NoiseAwareScaler
+    from layerbank.linear_probe.standardize import NoiseAwareScaler
 
     noisy = train.states.copy()
     base = np.float16(0.37)

@@ -142,7 +142,7 @@ def test_non_finite_rows_are_refused_at_the_write(store: FeatureStore, tmp_path:
 def test_int8_is_taken_wherever_float16_and_float32_are(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from layerbank.app.api.settings import Settings
     from layerbank.app.cli.main import build_parser
-    from layerbank.app.probes.standardize import Standardizer
+    from layerbank.linear_probe.standardize import Standardizer
 
     monkeypatch.setenv("LAYERBANK_STORAGE_DTYPE", "int8")
     assert Settings().storage_dtype == "int8"

@@ -148,7 +148,7 @@ class StandardizedRows:
     all of them) picks and orders the rows; ``inv_scale`` 0 drops a dimension. A fit asks for
     ``decision(coef, intercept)`` and ``chunks()``; the products run on chunks of about
     ``CHUNK_BYTES`` cast to ``dtype`` (float32 halves the time of float64 on real features;
-    layerbank.app.probes.logistic folds mean and scale into the weights).
+    layerbank.linear_probe.logistic folds mean and scale into the weights).
 
     >>> Z = Standardizer("float16", "float32").fit(X).rows(X)
     >>> scores = Z.decision(coef, intercept)       # == standardised(X) @ coef.T + intercept

@@ -17,7 +17,7 @@ multinomial softmax with one row per class. Same stopping rule as sklearn:
 
 Corpus-sized features (a token probe on a whole corpus: 200k words x 1,536
 for ``concat_last_4``) come as ``StandardizedRows``
-(layerbank.app.probes.standardize): the stored rows (float16 for a wide
+(layerbank.linear_probe.standardize): the stored rows (float16 for a wide
 view) with the standardisation folded into the weights, so no standardised
 float32 copy is ever made. Each loss evaluation walks the rows in chunks
 (cast to float32, a few MB, kept in cache for both products): logits
@@ -39,7 +39,7 @@ from scipy.special import expit, log_expit
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 
-from layerbank.app.probes.standardize import StandardizedRows
+from layerbank.linear_probe.standardize import StandardizedRows
 
 __all__ = ["decision", "fit_logistic", "fit_logistic_cv", "softmax_decision"]
 
