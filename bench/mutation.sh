@@ -41,6 +41,11 @@ declare -A TESTS=(
   [workers/model_pool.py]="tests/unit/workers/test_model_pool.py tests/reliability/test_model_identity.py"
   [workers/engines/onnx.py]="tests/unit/workers/test_onnx_engine.py tests/reliability/test_derived_files.py"
   [workers/engines/choice.py]="tests/unit/workers/test_precision_calibration.py tests/reliability/test_derived_files.py"
+  # saved heads, costing and the probe job service (issue 25 item 7): bare catalogs and pure
+  # functions, no app (under 2 s each); the route tests build the app with a tiny model
+  [app/api/probe_jobs/heads_store.py]="tests/unit/app/test_heads_store.py"
+  [app/api/probe_jobs/memory_cost.py]="tests/unit/app/test_memory_cost.py"
+  [app/api/probe_jobs/service.py]="tests/unit/app/test_probe_service.py"
 )
 # modules with PostgreSQL-only code (issue 19) run their tests on both catalog backends
 # (tests/conftest.py: test_postgres.py runs in the PostgreSQL pass, test_repair.py in SQLite's)

@@ -91,7 +91,7 @@ class HeadStore:
 
     def directory(self, head_id: str) -> Path:
         """Where a head's files live; refuses anything but an id made by ``new_id``."""
-        if not _ID.match(head_id):
+        if not _ID.fullmatch(head_id):  # not match: its "$" also matches before a final newline
             raise ValueError(f"not a head id: {head_id!r}")
         return self.root / head_id
 
