@@ -1,0 +1,415 @@
+"""The probe job service on its own (app/api/probe_jobs/service.py): a bare catalog and job
+queue, a thread pool, and a stand-in for the pool's job (``_run``), so each test sees the
+job rows, the processes and the log lines the service is responsible for, without an
+app or a model (about 2 s in all, so the mutation run, bench/mutation.sh, can use it).
+
+What a user sees through the API is tested with the app in test_probe_routes.py,
+test_probe_backpressure.py and test_probe_memory.py; here: the queue's limit and its
+429, the job kinds, as many jobs running as ``probe_processes``, what the pool is given,
+a job whose process died (requeued with the attempt counted, then failed), a broken
+pool replaced, a cancelled job's process ended and the jobs sharing its pool requeued
+uncounted, close and start (orphans of dead servers, a crash's temp head directories),
+and saved heads loaded once per version of their files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from layerbank.app.api.errors import InsufficientStorage, Overloaded
+from layerbank.app.api.probe_jobs import service as service_mod
+from layerbank.app.api.probe_jobs.service import JOB_KINDS, ProbeService
+from layerbank.app.probes import head_files, heads
+from layerbank.cache.catalog import Catalog
+from layerbank.cache.jobs import JobQueue
+
+HOST = socket.gethostname()
+
+
+class Pools:
+    """The executor factory: thread pools, each one remembered (and whether it was shut down)."""
+
+    def __init__(self, workers: int = 4) -> None:
+        self.workers = workers
+        self.made: list[ThreadPoolExecutor] = []
+        self.shut: list[ThreadPoolExecutor] = []
+
+    def __call__(self) -> Executor:
+        pool = ThreadPoolExecutor(self.workers)
+        real = pool.shutdown
+
+        def shutdown(wait: bool = True, *, cancel_futures: bool = False) -> None:
+            self.shut.append(pool)
+            real(wait=False, cancel_futures=cancel_futures)
+
+        pool.shutdown = shutdown  # type: ignore[method-assign]
+        self.made.append(pool)
+        return pool
+
+
+class Jobs:
+    """Stands in for ``_run`` in the pool: records its arguments and does what the job's
+    payload says (``succeed``, ``raise``, ``broken``, or ``block`` until released)."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self.queue = queue
+        self.calls: list[tuple[Any, ...]] = []
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, data_dir: str, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
+                 parent_pid: int) -> str:
+        with self.lock:
+            self.calls.append((data_dir, job_id, owner, lease_s, heartbeat_s, parent_pid))
+            first = [c[1] for c in self.calls].count(job_id) == 1
+        job = self.queue.get(job_id)
+        assert job is not None
+        do = job.payload["do"]
+        if do == "block":
+            assert self.release.wait(30)
+            do = job.payload.get("then", "succeed") if first else "succeed"  # "then": the first run only
+        if do == "raise":
+            raise RuntimeError("boom")
+        if do == "broken":
+            raise BrokenProcessPool("a process in the pool was terminated abruptly")
+        self.queue.finish(job_id, owner, {"done": job_id})
+        return "succeeded"
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    catalog = Catalog(tmp_path / "catalog.sqlite")
+    queue = JobQueue(catalog)
+    settings = SimpleNamespace(data_dir=tmp_path / "data", probe_processes=2, max_queue_depth=3, max_attempts=2,
+                               lease_seconds=30.0, heartbeat_seconds=1.5, probe_memory_mb=256)
+    state = SimpleNamespace(settings=settings, queue=queue, store=SimpleNamespace(catalog=catalog))
+    jobs = Jobs(queue)
+    monkeypatch.setattr(service_mod, "_run", jobs)
+    pools = Pools()
+    w = SimpleNamespace(catalog=catalog, queue=queue, settings=settings, state=state, jobs=jobs, pools=pools,
+                        new=lambda: ProbeService(state, pools))  # type: ignore[arg-type]
+    yield w
+    jobs.release.set()
+
+
+def _until(check: Callable[[], Any], timeout: float = 10) -> Any:
+    async def wait() -> Any:
+        deadline = time.monotonic() + timeout
+        while not (got := check()):
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+        return got
+    return wait()
+
+
+def _states(w: SimpleNamespace, ids: list[str]) -> list[str]:
+    return [w.queue.get(i).state for i in ids]
+
+
+def test_only_probe_and_head_jobs_are_submitted(world: SimpleNamespace) -> None:
+    svc = world.new()
+    assert JOB_KINDS == ("probe", "head")
+    with pytest.raises(ValueError) as e:
+        svc.submit("extract", {"do": "succeed"})
+    assert str(e.value) == "not a probe job kind: 'extract'"
+    assert world.queue.queued() == 0
+    a = svc.submit("probe", {"do": "succeed"})
+    b = svc.submit("head", {"do": "succeed"}, job_id="my-job")
+    assert len(a) == 16 and int(a, 16) >= 0 and b == "my-job"
+    job = world.queue.get(b)
+    assert (job.kind, job.state, job.max_attempts, job.payload) == ("head", "queued", 2, {"do": "succeed"})
+    assert world.queue.get(a).kind == "probe"
+
+
+def test_a_full_queue_is_a_429_with_retry_after_and_queues_nothing(world: SimpleNamespace) -> None:
+    svc = world.new()
+    world.queue.submit("extract", {})  # another kind's jobs do not count
+    for _ in range(2):
+        svc.submit("probe", {"do": "succeed"})
+    svc.check_room()  # two of three: room for one more
+    svc.submit("head", {"do": "succeed"})
+    with pytest.raises(Overloaded) as e:
+        svc.submit("probe", {"do": "succeed"})
+    err = e.value
+    assert err.status == 429 and err.limit == "max_queue_depth" and err.headers == {"Retry-After": "5"}
+    assert err.message == ("overloaded: 3 probe and head jobs are already queued (max_queue_depth); "
+                           "retry when one has started")
+    assert world.queue.queued(JOB_KINDS) == 3
+
+
+def test_a_full_disk_is_a_507_and_queues_nothing(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerbank.app.api import disk_room
+
+    svc = world.new()
+    seen = []
+
+    def storage(*a: Any, **k: Any) -> SimpleNamespace:
+        seen.append(k["root"])
+        return SimpleNamespace(free_bytes=lambda: 4096)
+
+    monkeypatch.setattr(disk_room, "open_storage", storage)
+    with pytest.raises(InsufficientStorage) as e:
+        svc.submit("probe", {"do": "succeed"})
+    assert seen == [world.settings.data_dir]
+    assert e.value.message == ("the disk holding the data directory is full (4,096 bytes free; probe and head jobs "
+                               "need at least 1 MiB); nothing was queued; free some space and send the request again")
+    assert world.queue.queued() == 0
+
+
+def test_jobs_run_as_many_at_once_as_probe_processes_with_what_the_pool_needs(
+        world: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "layerbank.probes")
+    world.settings.max_queue_depth = 10
+
+    async def go() -> list[str]:
+        svc = world.new()
+        await svc.start()
+        ids = [svc.submit("probe", {"do": "block"}) for _ in range(3)] + [svc.submit("head", {"do": "succeed"})]
+        await _until(lambda: len(world.jobs.calls) == 2)
+        await asyncio.sleep(0.6)  # two more ticks: still two
+        assert len(world.jobs.calls) == 2 and world.queue.queued(JOB_KINDS) == 2
+        assert sorted(_states(world, ids)) == ["queued", "queued", "running", "running"]
+        world.jobs.release.set()
+        await _until(lambda: _states(world, ids) == ["succeeded"] * 4)
+        await _until(lambda: not svc._running)
+        await svc.close()
+        return ids
+
+    ids = asyncio.run(go())
+    owner = f"{HOST}:{os.getpid()}:probes"
+    assert sorted(world.jobs.calls) == sorted(
+        (str(world.settings.data_dir), i, owner, 30.0, 1.5, os.getpid()) for i in ids)
+    assert [c[1] for c in world.jobs.calls[:2]] == ids[:2]  # in the order they were queued
+    assert world.queue.get(ids[3]).result == {"done": ids[3]}
+    assert len(world.pools.made) == 1  # one pool for all four
+    msgs = [r.getMessage() for r in caplog.records]
+    for i, kind in zip(ids, ["probe"] * 3 + ["head"], strict=True):
+        assert f"job {i} ({kind}) started" in msgs and f"job {i}: succeeded" in msgs
+
+
+def test_a_job_whose_process_fails_is_requeued_with_the_attempt_counted_then_failed(
+        world: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> str:
+        svc = world.new()
+        await svc.start()
+        job_id = svc.submit("probe", {"do": "raise"})
+        ok = svc.submit("probe", {"do": "succeed"})
+        await _until(lambda: world.queue.get(job_id).state == "failed")
+        await _until(lambda: world.queue.get(ok).state == "succeeded")
+        assert len(world.pools.made) == 1 and world.pools.shut == []  # an exception does not break the pool
+        await svc.close()
+        return job_id
+
+    job_id = asyncio.run(go())
+    job = world.queue.get(job_id)
+    assert job.attempts == 2 and job.error == "worker died 2 times while running this job"
+    assert [c[1] for c in world.jobs.calls].count(job_id) == 2
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "layerbank.probes"]
+    assert lines.count(("ERROR", f"job {job_id}: its probe process failed: RuntimeError: boom")) == 2
+    assert lines.count(("WARNING", f"job {job_id} requeued (attempt counted)")) == 1  # the second one failed it
+
+
+def test_a_broken_pool_is_replaced_for_the_next_job(world: SimpleNamespace) -> None:
+    world.settings.max_attempts = 3
+
+    async def go() -> tuple[str, str]:
+        svc = world.new()
+        await svc.start()
+        job_id = svc.submit("probe", {"do": "broken"})
+        await _until(lambda: world.queue.get(job_id).state == "failed")
+        ok = svc.submit("head", {"do": "succeed"})
+        await _until(lambda: world.queue.get(ok).state == "succeeded")
+        await svc.close()
+        return job_id, ok
+
+    job_id, ok = asyncio.run(go())
+    assert world.queue.get(job_id).attempts == 3
+    # each of the three attempts broke its pool and got a fresh one; the next job a fourth
+    assert len(world.pools.made) == 4 and world.pools.shut[:3] == world.pools.made[:3]
+
+
+def test_close_hands_the_running_jobs_back_without_counting_them(world: SimpleNamespace) -> None:
+    async def go() -> list[str]:
+        svc = world.new()
+        await svc.start()
+        ids = [svc.submit("probe", {"do": "block"}) for _ in range(2)]
+        await _until(lambda: len(world.jobs.calls) == 2)
+        await svc.close()
+        assert svc._running == {} and world.pools.shut == world.pools.made
+        world.jobs.release.set()  # the stand-in ends; its late finish is not this server's any more
+        await asyncio.sleep(0.1)
+        return ids
+
+    ids = asyncio.run(go())
+    for i in ids:
+        job = world.queue.get(i)
+        assert (job.state, job.attempts) == ("queued", 0)
+
+
+def test_start_requeues_jobs_of_dead_probe_servers_and_removes_temp_head_directories(
+        world: SimpleNamespace) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = world.queue.submit("probe", {"do": "succeed"}, max_attempts=3)
+    foreign = world.queue.submit("extract", {}, max_attempts=3)
+    assert world.queue.claim(f"{HOST}:{dead.pid}:probes", ["probe"], 30).id == orphan
+    assert world.queue.claim(f"{HOST}:{dead.pid}:worker", ["extract"], 30).id == foreign
+
+    async def go() -> None:
+        svc = world.new()
+        leftover = svc.heads.temp_directory(svc.heads.new_id())
+        await svc.start()
+        assert not leftover.exists()
+        await _until(lambda: world.queue.get(orphan).state == "succeeded")
+        await svc.close()
+
+    asyncio.run(go())
+    assert world.queue.get(orphan).attempts == 2  # the dead server's attempt counted, then this one
+    assert world.queue.get(foreign).state == "running"  # the extraction worker's: not the probes'
+
+
+def test_a_cancelled_computing_job_has_its_process_ended_and_pool_mates_requeued_uncounted(
+        world: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "layerbank.probes")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def go() -> tuple[str, str, str]:
+            svc = world.new()
+            await svc.start()
+            victim = svc.submit("probe", {"do": "block", "then": "broken"})
+            mate = svc.submit("probe", {"do": "block", "then": "broken"})
+            await _until(lambda: len(world.jobs.calls) == 2)
+            started: Any = __import__("queue").SimpleQueue()  # what pool processes say (_init_child)
+            started.put((victim, sleeper.pid))
+            started.put((mate, bystander.pid))
+            svc._started = started
+            world.queue.cancel(victim)  # DELETE, on this replica or another
+            await _until(lambda: sleeper.poll() is not None)
+            assert sleeper.returncode == -signal.SIGKILL and bystander.poll() is None
+            assert world.queue.get(victim).state == "cancelled"
+            world.jobs.release.set()  # the pool breaks under both jobs, as a killed process breaks it
+            await _until(lambda: not svc._running)
+            later = svc.submit("head", {"do": "succeed"})
+            await _until(lambda: world.queue.get(later).state == "succeeded"
+                         and world.queue.get(mate).state == "succeeded")
+            await svc.close()
+            return victim, mate, later
+
+        victim, mate, later = asyncio.run(go())
+    finally:
+        for p in (sleeper, bystander):
+            p.kill()
+            p.wait()
+    assert world.queue.get(victim).state == "cancelled"
+    assert world.queue.get(mate).attempts == 1  # its broken run was not counted
+    assert len(world.pools.made) == 2 and world.pools.shut[0] is world.pools.made[0]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert f"job {victim} cancelled while computing; its probe process {sleeper.pid} was ended" in msgs
+    assert f"job {victim} cancelled; its probe process was stopped" in msgs
+    assert f"job {mate}: its pool was stopped to end a cancelled job; requeued" in msgs
+    assert not any(f"job {mate}: its probe process failed" in m for m in msgs)
+
+
+class Loads:
+    """Stands in for reading a head's files: counts the reads; a head.json holding "bad" is damaged."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    def __call__(self, directory: Path) -> Any:
+        self.reads.append(Path(directory).name)
+        if (Path(directory) / "head.json").read_text().startswith("bad"):
+            raise head_files.HeadDamaged(Path(directory), "arrays.npz does not match its checksum")
+        return ("head", Path(directory).name, (Path(directory) / "head.json").read_text())
+
+
+@pytest.fixture
+def saved(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    loads = Loads()
+    monkeypatch.setattr(heads, "load_head", loads)
+    svc = world.new()
+
+    def write(head_id: str, text: str) -> None:
+        d = svc.heads.root / head_id
+        d.mkdir(exist_ok=True)
+        (d / "arrays.npz").write_bytes(b"a")
+        (d / "head.json").write_text(text)
+
+    return SimpleNamespace(svc=svc, loads=loads, write=write)
+
+
+def test_a_saved_head_is_read_once_while_its_files_are_unchanged(saved: SimpleNamespace) -> None:
+    svc, hid = saved.svc, "hd_000000000001"
+    saved.write(hid, "v1")
+    assert svc.load_head(hid) == ("head", hid, "v1") and svc.load_head(hid) == ("head", hid, "v1")
+    assert svc.head_damage(hid) is None
+    assert saved.loads.reads == [hid]
+    saved.write(hid, "v2 longer")  # rewritten (a re-run of its job): read again
+    assert svc.load_head(hid) == ("head", hid, "v2 longer") and saved.loads.reads == [hid, hid]
+    svc.forget_head(hid)
+    svc.load_head(hid)
+    svc.forget_head(None)
+    svc.load_head(hid)
+    assert saved.loads.reads == [hid] * 4
+
+
+def test_at_most_16_heads_stay_loaded_the_least_recently_used_go_first(saved: SimpleNamespace) -> None:
+    svc = saved.svc
+    ids = [f"hd_{i:012x}" for i in range(17)]
+    for hid in ids:
+        saved.write(hid, "v1")
+    for hid in ids[:16]:
+        svc.load_head(hid)
+    svc.load_head(ids[0])  # used again: now the most recent
+    svc.load_head(ids[16])  # the 17th pushes out the least recently used: ids[1]
+    saved.loads.reads.clear()
+    for hid in [ids[0], *ids[2:]]:
+        svc.load_head(hid)
+    assert saved.loads.reads == []
+    svc.load_head(ids[1])
+    assert saved.loads.reads == [ids[1]]
+
+
+def test_a_damaged_head_is_named_logged_once_and_checked_once_per_version(
+        saved: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    svc, hid, other = saved.svc, "hd_00000000000d", "hd_00000000000e"
+    saved.write(hid, "bad")
+    saved.write(other, "good")
+    svc.load_head(other)
+    for _ in range(2):
+        with pytest.raises(head_files.HeadDamaged) as e:
+            svc.load_head(hid)
+        assert e.value.reason == "arrays.npz does not match its checksum"
+    assert svc.head_damage(hid) == "arrays.npz does not match its checksum"
+    assert svc.head_damage(other) is None
+    assert saved.loads.reads == [other, hid, hid]  # listing read neither again
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"head {hid} is damaged: arrays.npz does not match its checksum"]
+    saved.write(hid, "bad again!")  # another version, the same damage: not logged twice
+    assert svc.head_damage(hid) == "arrays.npz does not match its checksum"
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+    saved.write(hid, "repaired")
+    assert svc.head_damage(hid) is None and svc.load_head(hid) == ("head", hid, "repaired")
+    saved.write(hid, "bad: third")  # damaged after a good version: logged again
+    assert svc.head_damage(hid) == "arrays.npz does not match its checksum"
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 2
+    svc.forget_head(hid)
+    assert svc.head_damage(hid) == "arrays.npz does not match its checksum"
+    assert saved.loads.reads.count(hid) == 6
