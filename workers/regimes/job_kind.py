@@ -77,7 +77,8 @@ def run_regimes_job(ctx: JobContext) -> dict[str, Any]:
     now = {"stage": "starting"}  # which regime and seed: shown with done/total in the job's progress
     try:
         options = RegimesOptions.from_payload(p, max_length=int(enc.config.max_length or 512),
-                                              device=str(enc.device))
+                                              device=str(enc.device),
+                                              storage_dtype=str(enc.config.storage_dtype))
         memory_mb = getattr(ctx.options, "job_memory_mb", None)
         if memory_mb:  # a process of its own under the memory limit (workers/regimes/process.py)
             from layerbank.workers.regimes.process import run_in_process

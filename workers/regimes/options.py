@@ -63,10 +63,12 @@ class RegimesOptions:
     max_length: int = 128
     device: str = "auto"
     head_init: str = "probe"  # or "random"
+    # what ``frozen_features`` were stored as: the frozen probe's noise floor (layerbank.linear_probe)
+    storage_dtype: str = "float16"
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any], **where: Any) -> RegimesOptions:
-        """The options a regimes job's payload asks for; ``where``: device, max_length."""
+        """The options a regimes job's payload asks for; ``where``: device, max_length, storage_dtype."""
         names = {f.name for f in fields(cls)}
         given = {k: v for k, v in payload.items() if k in names and v is not None}
         return cls(**{**given, **where})

@@ -7,10 +7,14 @@ requested regime (``layerbank.workers.regimes.trainable``) and scores it on the 
 * ``frozen`` is the probe on cached features: mean-pooled hidden states
   ``[n, L + 1, d]`` (``frozen_features``, as the store holds them; computed
   with the encoder in inference mode, float32, when not given). For every
-  hidden state a StandardScaler + LogisticRegression (C=1, lbfgs) is fit on
-  train; the state with the best validation macro-F1 (first on ties) is
-  scored on test. It is deterministic, so its spread over seeds comes only
-  from the training subsample (zero when the whole train split is used).
+  hidden state the probe sweep's logistic head is fit on train (the same
+  noise-aware standardisation and inner-CV choice of C, from
+  ``layerbank.linear_probe``; ``linear_probe.probe_layers``); the state with
+  the best validation macro-F1 (first on ties) is scored on test. Its inner
+  folds come from ``split_seed``, so it is deterministic and its spread over
+  seeds comes only from the training subsample (zero when the whole train
+  split is used). ``storage_dtype``: what given features were stored as
+  (their noise floor; computed ones are float32).
 * the other regimes fine-tune a copy of the encoder (``layerbank.workers.regimes.finetune``),
   the head starting by default from a probe on the last hidden state of the
   same training rows (LP-FT; ``probe_head``).
@@ -140,7 +144,8 @@ def run_regimes(texts: Sequence[str], labels: Sequence[Any], options: RegimesOpt
                sizes=sizes, epochs={s: _epochs(max_epochs, s) for s in sizes},
                split_seed=split_seed, top_k=top_k, xi=o.xi, patience=o.patience, batch_size=o.batch_size,
                rates=rates, head_lr=o.head_lr, head_init=head_init, device=dev, out=out, progress=progress,
-               should_cancel=should_cancel, stage=stage, eval_sets=dict(eval_sets or {}))
+               should_cancel=should_cancel, stage=stage, eval_sets=dict(eval_sets or {}),
+               storage_dtype=o.storage_dtype)
     return freeing_on_cancel(dev, job.run, list(texts), labels, model_path, o.test_size, o.val_size,
                              o.max_length, frozen_features)
 
@@ -180,6 +185,8 @@ class _Job:
     should_cancel: Callable[[], bool] | None
     stage: Callable[[str], None] | None = None
     eval_sets: dict[str, tuple[Sequence[str], Sequence[Any]]] | None = None
+    storage_dtype: str = "float16"
+    features_dtype: str = "float32"  # the frozen features' noise floor: storage_dtype when given
     done: int = 0
     total: int = 0
 
@@ -218,6 +225,7 @@ class _Job:
                          for s in self.sizes)
         feature_seconds = 0.0
         lp_ft = self.head_init == "probe" and bool(trained)
+        self.features_dtype = self.storage_dtype if features is not None else "float32"
         if ("frozen" in self.regimes or lp_ft) and features is None:
             started = time.perf_counter()
             features = _mean_features(encoder, ids, self.should_cancel)
@@ -243,7 +251,7 @@ class _Job:
                 head = None
                 if lp_ft:
                     assert features is not None
-                    head = probe_head(features[rows, -1].astype(np.float32), y[rows], len(classes))
+                    head = probe_head(features[rows, -1], y[rows], len(classes), self.split_seed)
                 stem = f"size{len(rows)}/{{}}/seed{seed}"
                 for v in rows_of:
                     regime = v.regime
@@ -332,7 +340,8 @@ class _Job:
                evals: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
         with PeakMemory("cpu") as memory:  # scikit-learn runs on the CPU whatever the device
             started = time.perf_counter()
-            metrics, arrays = probe_layers(features.astype(np.float32, copy=False), y, rows, val, test, evals)
+            metrics, arrays = probe_layers(features, y, rows, val, test, evals,
+                                           storage_dtype=self.features_dtype, random_state=self.split_seed)
             seconds = time.perf_counter() - started
         save_artifact(self.out, stem, arrays, {"regime": "frozen", **meta, "pooling": "mean", **metrics})
         return {**metrics, "seconds_per_epoch": seconds, "peak_memory_bytes": memory.peak_bytes,

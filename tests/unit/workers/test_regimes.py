@@ -1,4 +1,4 @@
-"""Regimes: trainable counts by hand, frozen = sklearn probe, cancel frees, files stored.
+"""Regimes: trainable counts by hand, frozen = the sweep's logistic head, cancel frees, files stored.
 
 Parameter counts are checked against formulas written out here from the
 config's numbers (vocab V, positions P, token types T, hidden d,
@@ -19,12 +19,14 @@ import numpy as np
 import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import accuracy_score, f1_score
+from sklearn.metrics import accuracy_score, f1_score, log_loss
+from sklearn.model_selection import StratifiedKFold
 from sklearn.preprocessing import StandardScaler
 
+from layerbank.app.probes.heads import LogisticHead
 from layerbank.app.probes.regimes_plot import format_regimes_table, regimes_plot_png
 from layerbank.workers.regimes.finetune import Cancelled, SequenceClassifier, TrainSettings, make_optimizer
-from layerbank.workers.regimes.linear_probe import probe_head, stratified_split
+from layerbank.workers.regimes.linear_probe import CS, INNER_CV, MAX_ITER, TOL, probe_head, stratified_split
 from layerbank.workers.regimes.result import choose
 from layerbank.workers.regimes.run import run_regimes
 from layerbank.workers.regimes.trainable import REGIMES, configure, expected_trainable, gradual_groups
@@ -103,29 +105,57 @@ def test_split_is_stratified_and_disjoint() -> None:
     assert y[test].mean() == pytest.approx(0.3) and y[val].mean() == pytest.approx(0.3)
 
 
-def test_frozen_regime_equals_direct_sklearn_probe(tiny_model_dir: str) -> None:
+def _sklearn_cv_C(z: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
+    """The C of ``CS`` with the least summed held-out log loss over 3 stratified folds, by sklearn."""
+    folds = list(StratifiedKFold(3, shuffle=True, random_state=seed).split(z, y))
+    loss = {C: sum(log_loss(y[va], LogisticRegression(C=C, max_iter=2000).fit(z[tr], y[tr]).predict_proba(z[va]),
+                            labels=np.unique(y), normalize=False) for tr, va in folds) for C in CS}
+    return min(loss, key=lambda C: loss[C])
+
+
+def test_frozen_regime_is_the_probe_sweeps_logistic_head(tiny_model_dir: str, tmp_path: Path) -> None:
+    """Same features, same split: the frozen regime picks the layer, C and test predictions
+    that the probe sweep's LogisticHead (fit per layer by hand here) gives, and sklearn agrees."""
     texts, labels = random_texts(90)
     rng = np.random.default_rng(1)
     y = np.array(labels)
     feats = rng.normal(size=(90, 3, 8)).astype(np.float32)
     feats[:, 1, 0] += 1.5 * y  # the middle hidden state carries the label
+    feats[:, 1, 7] = 3.0 + 1e-6 * rng.normal(size=90)  # float16 rounding noise: weighs nothing
     result = run_regimes(texts, labels, model_path=tiny_model_dir, regimes=("frozen",), seeds=1,
-                         frozen_features=feats, device="cpu")
+                         frozen_features=feats, device="cpu", out_dir=tmp_path)
     train, val, test = stratified_split(y, 0.2, 0.1, 0)
-    val_f1 = []
-    for layer in range(3):
-        sc = StandardScaler().fit(feats[train, layer])
-        clf = LogisticRegression(max_iter=2000).fit(sc.transform(feats[train, layer]), y[train])
-        val_f1.append(f1_score(y[val], clf.predict(sc.transform(feats[val, layer])), average="macro"))
+    heads = [LogisticHead(random_state=0, storage_dtype="float16").fit(feats[train, k], y[train]) for k in range(3)]
+    val_f1 = [f1_score(y[val], h.predict(feats[val, k]), average="macro") for k, h in enumerate(heads)]
     layer = int(np.argmax(val_f1))
-    sc = StandardScaler().fit(feats[train, layer])
-    clf = LogisticRegression(max_iter=2000).fit(sc.transform(feats[train, layer]), y[train])
-    pred = clf.predict(sc.transform(feats[test, layer]))
+    head = heads[layer]
+    pred = head.predict(feats[test, layer])
     frozen = result["regimes"]["frozen"]
-    assert frozen["runs"][0]["layer"] == layer
+    run = frozen["runs"][0]
+    assert (layer, head.n_dropped_) == (1, 1)
+    assert (run["layer"], run["C"]) == (layer, head.C_)
+    assert run["val_macro_f1_by_layer"] == pytest.approx(val_f1)
     assert frozen["accuracy_mean"] == pytest.approx(accuracy_score(y[test], pred))
     assert frozen["macro_f1_mean"] == pytest.approx(f1_score(y[test], pred, average="macro"))
+    # the stored probe (safetensors) predicts the head's test labels, text by text
+    from safetensors.numpy import load_file
+
+    probe = load_file(tmp_path / f"size{len(train)}" / "frozen" / "seed0.safetensors")
+    z = (feats[test, layer] - probe["scaler_mean"]) / probe["scaler_scale"] @ probe["coef"].T + probe["intercept"]
+    assert ((z[:, 0] > 0).astype(int) == pred).all()
+    # independently of layerbank's solver: sklearn at that C, without the noise dimension
+    x = np.delete(feats[:, layer], 7, axis=1)
+    sc = StandardScaler().fit(x[train])
+    assert head.C_ == _sklearn_cv_C(sc.transform(x[train]), y[train])
+    clf = LogisticRegression(C=head.C_, max_iter=2000).fit(sc.transform(x[train]), y[train])
+    assert (clf.predict(sc.transform(x[test])) == pred).all()
     assert frozen["trainable_params"] == 8 + 1 and frozen["bytes_per_task"] == 4 * (9 + 16)
+
+
+def test_frozen_probe_fits_as_the_sweeps_logistic_head_is_configured() -> None:
+    """The regime's C grid, inner folds and stopping rule are LogisticHead's defaults."""
+    got = {"Cs": CS, "inner_cv": INNER_CV, "max_iter": MAX_ITER, "tol": TOL}
+    assert got == {k: LogisticHead().get_params()[k] for k in got}
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
@@ -137,9 +167,9 @@ def test_probe_head_is_the_probe_as_one_linear_layer(n_classes: int) -> None:
     weight, bias = probe_head(x, y, n_classes)
     assert weight.shape == (n_classes, 6) and bias.shape == (n_classes,)
     assert np.abs(weight).max() < 100  # per-dimension scaling made this ~1e28
-    scale = x.std(0).mean()
-    clf = LogisticRegression(max_iter=2000).fit((x - x.mean(0)) / scale, y)
-    assert ((x @ weight.T + bias).argmax(1) == clf.predict((x - x.mean(0)) / scale)).all()
+    z = (x - x.mean(0)) / x.std(0).mean()
+    clf = LogisticRegression(C=_sklearn_cv_C(z, y), max_iter=2000).fit(z, y)
+    assert ((x @ weight.T + bias).argmax(1) == clf.predict(z)).all()
 
 
 def _manual_mean_pool(model_dir: str, texts: list[str]) -> np.ndarray:
@@ -174,7 +204,8 @@ def test_fine_tuned_head_starts_from_the_last_layer_probe(tiny_model_dir: str) -
     train, _, test = stratified_split(y, 0.2, 0.1, 0)
     x = feats[:, -1]
     centre, scale = x[train].mean(0), x[train].std(0).mean()
-    clf = LogisticRegression(max_iter=2000).fit((x[train] - centre) / scale, y[train])
+    z = (x[train] - centre) / scale
+    clf = LogisticRegression(C=_sklearn_cv_C(z, y[train]), max_iter=2000).fit(z, y[train])
     expected = accuracy_score(y[test], clf.predict((x[test] - centre) / scale))
     assert result["regimes"]["bitfit"]["accuracy_mean"] == pytest.approx(expected)
     assert result["settings"]["head_init"] == "probe"

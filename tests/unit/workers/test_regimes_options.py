@@ -16,11 +16,13 @@ def test_the_options_come_from_a_regimes_jobs_payload() -> None:
     # what app/api/routes/regimes.py check_request puts in the job
     payload = {"dataset_id": "ds_1", "regimes": ["frozen", "lora"], "seeds": 2, "top_k": None,
                "train_sizes": [40, 80], "max_epochs": 3, "patience": 1, "split_seed": 5}
-    opts = RegimesOptions.from_payload(payload, max_length=64, device="cpu")
+    # the worker adds where it runs and how its store holds the features
+    opts = RegimesOptions.from_payload(payload, max_length=64, device="cpu", storage_dtype="float32")
     assert dataclasses.asdict(opts) == {
         "regimes": ["frozen", "lora"], "seeds": 2, "top_k": None, "xi": None, "train_sizes": [40, 80],
         "split_seed": 5, "test_size": 0.2, "val_size": 0.1, "max_epochs": 3, "patience": 1, "batch_size": 16, "lr": None,
-        "head_lr": 1e-3, "max_length": 64, "device": "cpu", "head_init": "probe"}
+        "head_lr": 1e-3, "max_length": 64, "device": "cpu", "head_init": "probe",
+        "storage_dtype": "float32"}
 
 
 def test_an_options_object_and_keywords_train_the_same(tiny_model_dir: str) -> None:
