@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
                 top_k=top_k, xi=xi,
                 train_sizes=sizes, max_epochs=args.max_epochs, split_seed=args.split_seed,
                 max_length=int(ex.encoder.config.max_length or 512), device=str(ex.encoder.device),
-                frozen_features=frozen,
+                frozen_features=frozen, storage_dtype=str(ex.encoder.config.storage_dtype),
                 out_dir=ex.store.root / "regimes" / run_id, progress=bar, stage=bar.stage)
         except (ValueError, Cancelled) as e:  # labels too few to split, a size too big, Ctrl-C'd
             bar.close()
