@@ -1,11 +1,17 @@
 """In-process extraction for the command line and notebooks: one encoder, one
 store, the data directory held for the duration.
 
+The rows of texts ("read the store, encode the misses, read them back") are
+not asked here but of layerbank.app.features_service (``features_for``, with
+this extractor's ``extract`` as the encoder), the one path that HTTP, the
+command line and ``Bank`` share; workers/ may not import app/.
+
 Example::
 
     with LocalExtractor.open("layerbank-data") as ex:
-        ex.extract(texts, job_id="nb-1")
-        X = ex.features(texts, parse_view("layer:-2"), "mean", job_id="nb-2")
+        summary = ex.extract(texts, job_id="nb-1")
+        X = ex.store.read_view(summary.keys, parse_view("layer:-2"), "mean",
+                               ex.encoder.info["n_hidden_states"]).data
 """
 
 from __future__ import annotations
@@ -14,12 +20,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from layerbank.cache.lock import DataDirLock, hold_data_dir
 from layerbank.cache.poolings import DEFAULT_POOLINGS
 from layerbank.cache.store import FeatureStore
-from layerbank.cache.views import View
 
 from .encoder import Encoder, ModelLoadError, set_threads
 from .extract import ExtractSummary, Progress, extract
@@ -81,19 +84,6 @@ class LocalExtractor:
         finally:
             if bar:
                 bar.close()
-
-    def features(self, texts: Sequence[str], view: View, pooling: str, *, job_id: str) -> np.ndarray:
-        """The view's matrix in input order, extracting misses first."""
-        h = self.encoder.info["n_hidden_states"]
-        view.needed_layers(h)  # fail on a bad layer before any encoding
-        summary = self.extract(texts, job_id=job_id)
-        res = self.store.read_view(summary.keys, view, pooling, h)
-        if not res.found.all():  # a shard was quarantined under us: recompute once
-            self.extract(texts, job_id=job_id + "-retry")
-            res = self.store.read_view(summary.keys, view, pooling, h)
-        if not res.found.all():
-            raise RuntimeError(f"{int((~res.found).sum())} texts could not be read back")
-        return res.data
 
     def close(self) -> None:
         self.store.close()

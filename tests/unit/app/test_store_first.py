@@ -20,8 +20,10 @@ TEXTS = ["a fine film", "a dull one", "a fine film", "neither here nor there"]
 
 def _extract(data: Path, model: str, poolings: str) -> np.ndarray:
     with LocalExtractor.open(data, model=model, device="cpu", poolings=poolings) as ex:
-        ex.extract(TEXTS, job_id="t")
-        return ex.features(TEXTS, parse_view("layer:-1"), "mean", job_id="t2")
+        summary = ex.extract(TEXTS, job_id="t")
+        res = ex.store.read_view(summary.keys, parse_view("layer:-1"), "mean", ex.encoder.info["n_hidden_states"])
+        assert res.found.all()
+        return res.data
 
 
 def test_stored_texts_are_answered_with_the_encoders_rows(tiny_model_dir: str, tmp_path: Path) -> None:
