@@ -10,13 +10,17 @@
   tiny matrices, and on a shared machine a second OpenMP thread made
   training 9x slower;
 - ``wait(client, job_id)`` / ``dataset(client, texts, labels)``: a job polled to
-  its end, a dataset created and extracted, over ``/v1``.
+  its end, a dataset created and extracted, over ``/v1``;
+- ``cli_regimes(tmp_path, model_dir, *flags)``: ``layerbank regimes`` on
+  ``POS`` / ``NEG`` written as a TSV (labels pos / neg), on the CPU, one thread,
+  data directory ``tmp_path / "d"``, no progress bar; returns the exit code.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,3 +63,14 @@ def dataset(c: Any, texts: list[str], labels: list[str] | None = None) -> str:
     ds = c.post("/v1/datasets", json=body).json()
     assert wait(c, ds["job_id"])["state"] == "succeeded"
     return str(ds["id"])
+
+
+def cli_regimes(tmp_path: Path, model_dir: str, *flags: str) -> int:
+    from layerbank.app.cli.main import main
+
+    data = tmp_path / "s.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"{t}\tpos\n" for t in POS) +
+                    "".join(f"{t}\tneg\n" for t in NEG), encoding="utf-8")
+    return main(["regimes", str(data), "--text-column", "sentence", "--label-column", "label",
+                 "--model", model_dir, "--device", "cpu", "--threads", "1",
+                 "--data-dir", str(tmp_path / "d"), "--no-progress", *flags])

@@ -7,20 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from layerbank.cache.store import FeatureStore
-from tests.regimes_data import NEG, POS
+from tests.regimes_data import NEG, POS, cli_regimes
 
 
 def test_the_frozen_regime_reads_its_texts_from_the_store(tiny_model_dir: str, tmp_path: Path,
                                                           capsys: Any) -> None:
-    from layerbank.app.cli.main import main
-
-    data = tmp_path / "s.tsv"
-    data.write_text("sentence\tlabel\n" + "".join(f"{t}\tpos\n" for t in POS) +
-                    "".join(f"{t}\tneg\n" for t in NEG), encoding="utf-8")
-    code = main(["regimes", str(data), "--text-column", "sentence", "--label-column", "label",
-                 "--model", tiny_model_dir, "--device", "cpu", "--threads", "1",
-                 "--data-dir", str(tmp_path / "d"), "--regimes", "frozen", "--seeds", "1",
-                 "--max-epochs", "1", "--no-progress"])
+    code = cli_regimes(tmp_path, tiny_model_dir, "--regimes", "frozen", "--seeds", "1", "--max-epochs", "1")
     out = capsys.readouterr().out
     assert code == 0 and "frozen" in out
     store = FeatureStore(tmp_path / "d")

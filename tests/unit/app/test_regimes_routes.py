@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from layerbank.app.api.routes.regimes import REGIMES, _train_split_size
-from tests.regimes_data import NEG, POS, dataset, wait
+from tests.regimes_data import NEG, POS, cli_regimes, dataset, wait
 
 
 def test_regime_names_and_split_agree_with_the_worker() -> None:
@@ -162,16 +162,8 @@ def test_malformed_bodies_are_422(tiny_api: Any, body: dict[str, Any]) -> None:
 
 def test_the_cli_prints_the_table_and_the_verdict(tiny_model_dir: str, tmp_path: Any,
                                                   capsys: Any) -> None:
-    from layerbank.app.cli.main import main
-
-    data = tmp_path / "s.tsv"
-    data.write_text("sentence\tlabel\n" + "".join(f"{t}\tpos\n" for t in POS) +
-                    "".join(f"{t}\tneg\n" for t in NEG), encoding="utf-8")
-    code = main(["regimes", str(data), "--text-column", "sentence", "--label-column", "label",
-                 "--model", tiny_model_dir, "--device", "cpu", "--threads", "1",
-                 "--data-dir", str(tmp_path / "d"), "--regimes", "frozen,bitfit", "--seeds", "2",
-                 "--max-epochs", "1", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "p"),
-                 "--no-progress"])
+    code = cli_regimes(tmp_path, tiny_model_dir, "--regimes", "frozen,bitfit", "--seeds", "2", "--max-epochs", "1",
+                       "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "p"))
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "r.json").read_text())
     assert code == 0 and "train size 14 (2 seeds" in out

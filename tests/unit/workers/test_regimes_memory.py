@@ -16,11 +16,8 @@ import psutil
 import pytest
 
 from layerbank.workers.regimes import process
+from tests.regimes_data import NEG, POS, dataset, wait
 
-POS = ["a good film", "a great play", "good and warm", "a lovely story", "great work", "a fine good show",
-       "warm and great", "a good great time", "lovely work", "fine and good"]
-NEG = ["a bad film", "a dull play", "bad and cold", "an awful story", "dull work", "a poor bad show",
-       "cold and dull", "a bad awful time", "poor work", "awful and bad"]
 HERE = "tests.unit.workers.test_regimes_memory"
 LIMIT_MB = 256
 
@@ -52,23 +49,12 @@ def sleeper(texts: Any, labels: Any, **kw: Any) -> dict[str, Any]:
     return {"never": float(held[0])}
 
 
-def _wait(c: Any, job_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (job := c.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.05)
-    return job  # type: ignore[no-any-return]
-
-
 @pytest.fixture
 def limited(tiny_api: Any) -> Any:
     """The tiny app whose worker runs regimes jobs in a process under LIMIT_MB, and a dataset."""
     tiny_api.worker.options.job_memory_mb = LIMIT_MB
     c = tiny_api.client
-    ds = c.post("/v1/datasets", json={"name": "regimes", "texts": POS + NEG,
-                                      "labels": ["pos"] * 10 + ["neg"] * 10}).json()
-    assert _wait(c, ds["job_id"])["state"] == "succeeded"
-    return tiny_api, ds["id"]
+    return tiny_api, dataset(c, POS + NEG, ["pos"] * 10 + ["neg"] * 10)
 
 
 def test_a_regimes_job_runs_in_its_own_process_under_the_limit(limited: Any) -> None:
@@ -77,7 +63,7 @@ def test_a_regimes_job_runs_in_its_own_process_under_the_limit(limited: Any) -> 
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen", "bitfit"], "seeds": 1,
                                     "max_epochs": 1})
     assert r.status_code == 202, r.text
-    job = _wait(c, r.json()["id"])
+    job = wait(c, r.json()["id"], 240)
     assert job["state"] == "succeeded", job["error"]
     assert job["progress"]["done"] == job["progress"]["total"] == 2
     assert job["progress"]["stage"].startswith("bitfit, seed 1 of 1")
@@ -93,7 +79,7 @@ def test_a_regimes_job_past_its_memory_limit_fails_saying_so(limited: Any, monke
     monkeypatch.setattr(process, "TRAIN", f"{HERE}:{hog}")
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 1})
     assert r.status_code == 202, r.text
-    job = _wait(c, r.json()["id"])
+    job = wait(c, r.json()["id"], 240)
     assert job["state"] == "failed", job
     error = job["error"]
     assert error.startswith("the regimes job ran out of memory"), error
@@ -101,7 +87,7 @@ def test_a_regimes_job_past_its_memory_limit_fails_saying_so(limited: Any, monke
     # the worker lives on and runs the next job
     monkeypatch.setattr(process, "TRAIN", "layerbank.workers.regimes.run:run_regimes")
     r = c.post("/v1/regimes", json={"dataset": ds, "regimes": ["frozen"], "seeds": 1})
-    assert _wait(c, r.json()["id"])["state"] == "succeeded"
+    assert wait(c, r.json()["id"], 240)["state"] == "succeeded"
 
 
 def test_cancelling_a_regimes_job_ends_its_process(limited: Any, monkeypatch: Any) -> None:
@@ -122,7 +108,7 @@ def test_cancelling_a_regimes_job_ends_its_process(limited: Any, monkeypatch: An
     assert held, "no child process holds the job's 128 MB"
     t0 = time.monotonic()
     assert c.delete(f"/v1/jobs/{rid}").status_code in (200, 202)
-    assert _wait(c, rid, 30)["state"] == "cancelled"
+    assert wait(c, rid, 30)["state"] == "cancelled"
     gone, alive = psutil.wait_procs(held, timeout=10)
     assert not alive, f"the regimes process still runs {time.monotonic() - t0:.1f} s after DELETE"
     assert not (api.data_dir / "regimes" / rid).exists()
