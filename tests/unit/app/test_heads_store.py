@@ -150,3 +150,12 @@ def test_clean_removes_the_temp_directories_of_a_crash_and_counts_them(store: He
     assert store.clean() == 2
     assert os.listdir(store.root) == [done.id]
     assert store.clean() == 0
+
+
+def test_a_heads_folder_removed_while_the_server_runs_is_made_again_for_the_next_head(store: HeadStore) -> None:
+    import shutil
+
+    rec = store.create(**FIELDS)
+    shutil.rmtree(store.root)  # an operator clearing heads/ by hand
+    got = store.publish(rec.id, _written(store, rec.id), {})
+    assert got.n_bytes == 114 and sorted(os.listdir(store.root)) == [rec.id]
