@@ -38,6 +38,7 @@ Run from the repository root::
     .venv/bin/python bench/scale.py --sizes 10000,100000        # ~5 min on 2 busy cores
     .venv/bin/python bench/scale.py                              # 10^6 too: ~1 h
     .venv/bin/python bench/scale.py --dir /tmp/lb-scale --json bench/results/scale.json
+    .venv/bin/python bench/scale.py --dir /tmp/lb-scale --reuse    # measure that store again, no refill
 
 Texts are random words of the bundled tokenizer's vocabulary (seeded, 4-24
 words), so no data set is needed and every text is new.
@@ -283,7 +284,8 @@ def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespa
     t0 = time.perf_counter()
     problem = check_catalog(data_dir / "catalog.sqlite")
     res["catalog_check_s"] = time.perf_counter() - t0
-    print(f"  catalog check (SQLite quick_check, what serve runs before it binds): {res['catalog_check_s']:.2f} s"
+    print(f"  catalog check (SQLite quick_check, what serve runs beside its imports, before it binds): "
+          f"{res['catalog_check_s']:.2f} s"
           f"{'' if problem is None else ' ' + problem}", flush=True)
     srv = Serving(data_dir, model, args.threads)
     try:
@@ -350,7 +352,12 @@ def main() -> None:
                     help="texts encoded through `layerbank extract` at each size; the rest of the store "
                          "is filled with random rows under the same keys (the encoder is not the cost here)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --dir: sizes an earlier run there already stored are measured again without "
+                         "extracting or filling (the 10^6 fill takes minutes); the rest grow as usual")
     args = ap.parse_args()
+    if args.reuse and args.dir is None:
+        raise SystemExit("--reuse needs --dir (the work directory of an earlier run)")
     sizes = [int(s) for s in args.sizes.split(",")]
     if sizes != sorted(sizes):
         raise SystemExit("--sizes must ascend: one directory grows through them")
@@ -364,10 +371,22 @@ def main() -> None:
         save_tiny_bert(model)
     texts = make_texts(sizes[-1])
     out: dict[str, Any] = {"sizes": {}, "cpus": os.cpu_count()}
-    stored = 0
+    filled = work / "filled.json"  # texts[:n] are in the store: what --reuse may skip
+    stored = json.loads(filled.read_text())["stored"] if args.reuse and filled.exists() else 0
+    if not args.reuse:
+        filled.unlink(missing_ok=True)
     try:
         for size in sizes:
             print(f"\n== {size:,} texts", flush=True)
+            if size <= stored:
+                print(f"  reused: the store holds the first {stored:,} texts from an earlier run (--reuse)",
+                      flush=True)
+                res = {"extract_tokens_per_s": float("nan"), "extract_wall_s": float("nan")}
+                res.update(measure(data_dir, model, texts[:size], args))
+                res["load"] = os.getloadavg()[0]
+                out["sizes"][size] = res
+                write_json(args.json, out)
+                continue
             # the encoder's share: --extract new texts through the CLI, into a store of `stored`
             n_new = min(args.extract, size - stored)
             e = extract(data_dir, model, texts[stored: stored + n_new], args.threads)
@@ -379,6 +398,7 @@ def main() -> None:
                 print(f"  {size - stored - n_new:,} more texts stored without the encoder (random rows): "
                       f"{sec:.1f} s", flush=True)
             stored = size
+            filled.write_text(json.dumps({"stored": stored}))
             res = {"extract_tokens_per_s": e["tokens_per_s"], "extract_wall_s": e["wall_s"]}
             res.update(measure(data_dir, model, texts[:size], args))
             res["load"] = os.getloadavg()[0]
