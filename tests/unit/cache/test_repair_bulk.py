@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from layerbank.cache.catalog import Catalog
 from layerbank.cache.keys import ExtractionConfig
@@ -19,6 +20,7 @@ from layerbank.cache.storage_local import LocalShardStorage
 from layerbank.cache.store import FeatureStore
 
 CFG = ExtractionConfig(max_length=64, storage_dtype="float32")
+pytestmark = pytest.mark.sqlite_only  # a SQLite catalog rebuilt from the files (PostgreSQL: reindex_catalog)
 
 
 def _contents(keys: list[str], seed: int, tokens: bool) -> ShardContents:
