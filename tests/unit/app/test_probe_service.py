@@ -413,3 +413,53 @@ def test_a_damaged_head_is_named_logged_once_and_checked_once_per_version(
     svc.forget_head(hid)
     assert svc.head_damage(hid) == "arrays.npz does not match its checksum"
     assert saved.loads.reads.count(hid) == 6
+
+
+_CHILD = """
+import json, os, resource, sys
+from layerbank.app.api.probe_jobs import service
+hard = int(sys.argv[2])
+if hard:
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+service._init_child(int(sys.argv[1]) or None, "the queue")
+print(json.dumps({"as": resource.getrlimit(resource.RLIMIT_AS), "started": service._STARTED,
+                  "env": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                          "MKL_NUM_THREADS", "LAYERBANK_PROBE_MEMORY_LIMIT_MB")}}))
+"""
+
+
+def _child(limit_mb: int, hard: int = 0) -> dict[str, Any]:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS") and "PROBE_MEMORY" not in k}
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(limit_mb), str(hard)], env=env, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def test_a_pool_process_gets_one_blas_thread_and_its_address_space_limit() -> None:
+    import resource
+
+    got = _child(700)
+    assert got["as"][0] == 700 * 2**20 and got["started"] == "the queue"
+    assert got["env"] == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                          "LAYERBANK_PROBE_MEMORY_LIMIT_MB": "700"}
+    unlimited = _child(0)  # no budget: no limit, still one thread
+    assert unlimited["as"][0] == resource.getrlimit(resource.RLIMIT_AS)[0]
+    assert unlimited["env"]["OPENBLAS_NUM_THREADS"] == "1" and unlimited["env"]["LAYERBANK_PROBE_MEMORY_LIMIT_MB"] is None
+    capped = _child(4096, hard=3 * 2**30)  # a hard limit below the budget is kept
+    assert capped["as"] == [3 * 2**30, 3 * 2**30]
+
+
+def test_the_pool_has_probe_processes_spawned_under_the_budget_plus_overhead(
+        world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(service_mod, "ProcessPoolExecutor", lambda **kw: made.append(kw) or kw)
+    svc = ProbeService(world.state)  # type: ignore[arg-type]
+    svc._process_pool()
+    svc._process_pool()
+    first, second = made
+    assert first["max_workers"] == 2 and first["initializer"] is service_mod._init_child
+    assert first["mp_context"].get_start_method() == "spawn"
+    assert first["initargs"][0] == 256 + 1536 and first["initargs"][1] is svc._started is not None
+    assert second["initargs"][1] is svc._started  # one queue for every pool the server makes
