@@ -35,7 +35,6 @@ import pytest
 from layerbank.app.api.errors import InsufficientStorage, Overloaded
 from layerbank.app.api.probe_jobs import service as service_mod
 from layerbank.app.api.probe_jobs.service import JOB_KINDS, ProbeService
-from layerbank.app.probes import head_files, heads
 from layerbank.cache.catalog import Catalog
 from layerbank.cache.jobs import JobQueue
 
@@ -327,8 +326,17 @@ def test_a_cancelled_computing_job_has_its_process_ended_and_pool_mates_requeued
     assert not any(f"job {mate}: its probe process failed" in m for m in msgs)
 
 
+class HeadDamaged(ValueError):
+    """Stands in for layerbank.app.probes.head_files.HeadDamaged (which loads numpy)."""
+
+    def __init__(self, directory: Path, reason: str) -> None:
+        super().__init__(f"{directory}: {reason}")
+        self.reason = reason
+
+
 class Loads:
-    """Stands in for reading a head's files: counts the reads; a head.json holding "bad" is damaged."""
+    """Stands in for reading a head's files (layerbank.app.probes.heads, which loads scikit-learn:
+    6 s a mutant): counts the reads; a head.json holding "bad" is damaged."""
 
     def __init__(self) -> None:
         self.reads: list[str] = []
@@ -336,14 +344,15 @@ class Loads:
     def __call__(self, directory: Path) -> Any:
         self.reads.append(Path(directory).name)
         if (Path(directory) / "head.json").read_text().startswith("bad"):
-            raise head_files.HeadDamaged(Path(directory), "arrays.npz does not match its checksum")
+            raise HeadDamaged(Path(directory), "arrays.npz does not match its checksum")
         return ("head", Path(directory).name, (Path(directory) / "head.json").read_text())
 
 
 @pytest.fixture
 def saved(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     loads = Loads()
-    monkeypatch.setattr(heads, "load_head", loads)
+    monkeypatch.setitem(sys.modules, "layerbank.app.probes.heads", SimpleNamespace(load_head=loads))
+    monkeypatch.setitem(sys.modules, "layerbank.app.probes.head_files", SimpleNamespace(HeadDamaged=HeadDamaged))
     svc = world.new()
 
     def write(head_id: str, text: str) -> None:
@@ -394,7 +403,7 @@ def test_a_damaged_head_is_named_logged_once_and_checked_once_per_version(
     saved.write(other, "good")
     svc.load_head(other)
     for _ in range(2):
-        with pytest.raises(head_files.HeadDamaged) as e:
+        with pytest.raises(HeadDamaged) as e:
             svc.load_head(hid)
         assert e.value.reason == "arrays.npz does not match its checksum"
     assert svc.head_damage(hid) == "arrays.npz does not match its checksum"
