@@ -134,7 +134,7 @@ class RayBackend:
         self._connected_here = connect(self.address) or self._connected_here
         spec = encoder_spec(encoder or self.encoder)
         if self.pool is not None and self.pool.spec != spec:
-            self.pool.close()  # another precision: these actors hold the wrong weights
+            self.pool.close()  # another precision or fingerprint (changed weights): these actors hold the wrong ones
             self.pool = None
         if self.pool is None:
             self.pool = EncoderPool(spec, self.store.storage, size=self.actors,
