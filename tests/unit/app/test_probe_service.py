@@ -472,3 +472,46 @@ def test_the_pool_has_probe_processes_spawned_under_the_budget_plus_overhead(
     assert first["mp_context"].get_start_method() == "spawn"
     assert first["initargs"][0] == 256 + 1536 and first["initargs"][1] is svc._started is not None
     assert second["initargs"][1] is svc._started  # one queue for every pool the server makes
+
+
+@pytest.fixture
+def run_job(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Stands in for app/api/probe_jobs/jobs.py's run_job (which loads numpy and scikit-learn)."""
+    calls: list[tuple[Any, ...]] = []
+
+    def run(*args: Any) -> str:
+        calls.append(args)
+        return "succeeded"
+
+    monkeypatch.setitem(sys.modules, "layerbank.app.api.probe_jobs.jobs", SimpleNamespace(run_job=run))
+    return calls
+
+
+def test_a_pool_process_says_which_job_it_runs_before_running_it(
+        run_job: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    import queue
+
+    said: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    real_run = service_mod._run
+    monkeypatch.setattr(service_mod, "_STARTED", said)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # as in a pool process
+    assert real_run("/data", "job-1", "h:1:probes", 30.0, 1.5, 42) == "succeeded"
+    assert said.get_nowait() == ("job-1", os.getpid()) and said.empty()
+    assert run_job == [("/data", "job-1", "h:1:probes", 30.0, 1.5, 42)]
+
+
+def test_the_server_itself_or_a_process_without_the_queue_says_nothing(
+        run_job: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    import queue
+
+    real_run = service_mod._run
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    assert real_run("/data", "job-3", "o", 1.0, 1.0, 7) == "succeeded"  # no _init_child ran here: no queue
+    said: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    monkeypatch.setattr(service_mod, "_STARTED", said)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)  # a thread of the server
+    assert real_run("/data", "job-2", "o", 1.0, 1.0, 7) == "succeeded"
+    assert said.empty()
+    assert [c[1] for c in run_job] == ["job-3", "job-2"]
