@@ -272,9 +272,12 @@ def repair(data_dir: Path) -> float:
     t0 = time.perf_counter()
     r = subprocess.run(_cli("repair", "--data-dir", str(data_dir), "--force"), cwd=ROOT, env=_env(1),
                        capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"repair failed:\n{r.stderr[-2000:]}")
-    return time.perf_counter() - t0
+    for aside in data_dir.glob("catalog.sqlite.damaged-*"):  # the old file, kept by repair: ours to drop
+        aside.unlink()
+    return seconds
 
 
 def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespace) -> dict[str, float]:
@@ -323,7 +326,7 @@ def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespa
         print(f"  resident memory: API {res['rss_api_mb']:.0f} MB, worker {res['rss_worker_mb']:.0f} MB", flush=True)
     finally:
         srv.stop()
-    cat = sum(p.stat().st_size for p in data_dir.glob("catalog.sqlite*"))
+    cat = sum(p.stat().st_size for p in data_dir.glob("catalog.sqlite*") if "damaged" not in p.name)
     shards = sum(p.stat().st_size for p in (data_dir / "shards").glob("*.h5"))
     n_shards = len(list((data_dir / "shards").glob("*.h5")))
     res.update(catalog_mb=cat / 1e6, catalog_bytes_per_text=cat / len(texts),
