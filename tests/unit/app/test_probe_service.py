@@ -39,6 +39,9 @@ from layerbank.cache.catalog import Catalog
 from layerbank.cache.jobs import JobQueue
 
 HOST = socket.gethostname()
+# a change that leaves the event loop or a pool thread waiting forever fails the test in 30 s
+# (the thread method ends the process: mutmut's runner would otherwise wait on it for 600 s)
+pytestmark = pytest.mark.timeout(30, method="thread")
 
 
 class Pools:
