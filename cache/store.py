@@ -26,12 +26,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,7 @@ class FeatureStore:
         self._record_poolings()
         self._readers: OrderedDict[str, ShardReader] = OrderedDict()
         self.max_open_readers = max_open_readers or open_reader_budget()
+        self._busy: dict[str, int] = {}  # shard -> reads going through its handle now (never closed)
         self._lock = threading.Lock()
         if clean and self.catalog.dialect == "sqlite":
             self.clean()
@@ -251,11 +253,38 @@ class FeatureStore:
             if r is None:
                 r = self.storage.open(shard)
                 self._readers[shard] = r
-                while len(self._readers) > self.max_open_readers:
-                    self._readers.popitem(last=False)[1].close()
+                self._close_idle()
             else:
                 self._readers.move_to_end(shard)
             return r
+
+    def _close_idle(self) -> None:
+        """Close least recently used handles past the budget (under ``_lock``), never one a
+        read is going through: closing it under another thread's read made h5py fail there,
+        which looked like damage and quarantined a sound shard. Busy handles may exceed the
+        budget by the reads in flight."""
+        if len(self._readers) <= self.max_open_readers:
+            return
+        for name in list(self._readers):
+            if len(self._readers) <= self.max_open_readers:
+                break
+            if name not in self._busy:
+                self._readers.pop(name).close()
+
+    @contextlib.contextmanager
+    def _pinned(self, shard: str) -> Iterator[None]:
+        """Keep ``shard``'s handle open (not closed for room) while the block reads through it."""
+        with self._lock:
+            self._busy[shard] = self._busy.get(shard, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._busy[shard] == 1:
+                    del self._busy[shard]
+                else:
+                    self._busy[shard] -= 1
+                self._close_idle()
 
     def _forget_reader(self, shard: str) -> None:
         with self._lock:
@@ -294,7 +323,8 @@ class FeatureStore:
         for shard, idx in sorted(by_shard.items()):
             rows = np.array([entries[keys[i]].row for i in idx], dtype=np.int64)
             try:
-                block = self._checked_reader(shard, rows, [keys[i] for i in idx]).read_pooled(rows, pooling)
+                with self._pinned(shard):
+                    block = self._checked_reader(shard, rows, [keys[i] for i in idx]).read_pooled(rows, pooling)
             except CorruptShardError as e:
                 if self.catalog.shard_info(shard) is None and not _retried:
                     # compacted (or re-committed) between our lookup and our read:
@@ -348,7 +378,8 @@ class FeatureStore:
         if e is None:
             return None
         try:
-            return self._reader(e.shard).read_tokens(e.row, None if layers is None else list(layers))
+            with self._pinned(e.shard):
+                return self._reader(e.shard).read_tokens(e.row, None if layers is None else list(layers))
         except CorruptShardError as err:
             self.quarantine(e.shard, str(err))
             return None
@@ -373,7 +404,8 @@ class FeatureStore:
         for shard, idx in sorted(by_shard.items()):
             rows = np.array([entries[keys[i]].row for i in idx], dtype=np.int64)
             try:
-                got = self._checked_reader(shard, rows, [keys[i] for i in idx]).read_tokens_many(rows, wanted)
+                with self._pinned(shard):
+                    got = self._checked_reader(shard, rows, [keys[i] for i in idx]).read_tokens_many(rows, wanted)
             except CorruptShardError as err:
                 self.quarantine(shard, str(err))
                 continue

@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,33 @@ def test_the_default_budget_follows_the_descriptor_limit(tmp_path: Path) -> None
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "50"
+
+
+def test_threads_reading_past_the_budget_never_quarantine_a_sound_shard(
+        many_shards: tuple[Path, dict[str, np.ndarray]]) -> None:
+    """A handle closed to make room while another thread reads through it must not look like
+    damage: the API reads from a thread pool, and a quarantined shard's rows are encoded again."""
+    data_dir, want = many_shards
+    store = FeatureStore(data_dir, max_open_readers=8)
+    keys = list(want)
+    failures: list[str] = []
+
+    def reader(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(150):
+            asked = rnd.sample(keys, 2)
+            got = store.read_pooled(asked, "mean")
+            if not got.found.all() or not np.array_equal(got.data, np.stack([want[k] for k in asked])):
+                failures.append(f"{asked}: found {got.found.tolist()}")
+
+    try:
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        assert store.catalog.counter("quarantined_shards") == 0
+        assert len(open_shard_files(store)) <= 8
+    finally:
+        store.close()
