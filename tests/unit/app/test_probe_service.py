@@ -518,3 +518,9 @@ def test_the_server_itself_or_a_process_without_the_queue_says_nothing(
     assert real_run("/data", "job-2", "o", 1.0, 1.0, 7) == "succeeded"
     assert said.empty()
     assert [c[1] for c in run_job] == ["job-3", "job-2"]
+
+
+def test_closing_a_service_that_never_started_hands_back_nothing(world: SimpleNamespace) -> None:
+    svc = world.new()  # the app's start-up failed before the service's start
+    asyncio.run(svc.close())
+    assert world.pools.made == [] and svc._running == {}
