@@ -31,7 +31,11 @@ online code came out *longer* than the uniform one (compression 0.67 on the
 best MiniLM layer, measured), which says nothing about the layer.
 
 Cost: one fit per block (10-11 fits a view; the early ones on a handful of
-rows), about as much as two folds of the accuracy sweep.
+rows), about as much as two folds of the accuracy sweep. A token probe's
+blocks are hundreds of thousands of words, and the inner CV is most of its
+time: it walks the grid from the previous block's C (``walk_from_previous``,
+``_cv_walk``: the same folds and loss, the same C where the loss is
+unimodal in C) and starts each fit from the previous block's model.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from sklearn.model_selection import StratifiedKFold
 
-from layerbank.linear_probe.logistic import decision, fit_logistic, fit_logistic_cv
+from layerbank.linear_probe.logistic import INNER_TOL_FACTOR, decision, fit_logistic, fit_logistic_cv
 from layerbank.linear_probe.standardize import StandardizedRows, Standardizer
 
 __all__ = ["CS", "PAPER_FRACTIONS", "block_ends", "online_codelength", "online_codelengths",
@@ -87,6 +92,53 @@ def _bits(params: np.ndarray, Z: StandardizedRows, y: np.ndarray) -> np.ndarray:
     return -log_p / math.log(2.0)
 
 
+def _cv_walk(Z: StandardizedRows | np.ndarray, y: np.ndarray, k: int, c_prev: float | None,
+             start: np.ndarray | None, *, seed: int, max_iter: int, tol: float = 1e-4,
+             grid: Sequence[float] = CS) -> tuple[float, np.ndarray, int]:
+    """``fit_logistic_cv(Z, y, k, grid)``'s choice of C, walked from ``c_prev`` (the previous
+    block's C): its inner 3-fold CV (the same StratifiedKFold folds, held-out log loss, inner fits
+    at 10x the tolerance) goes up the grid from ``c_prev`` while the loss falls, and down from
+    it when the first step up does not help. ``fit_logistic_cv`` walks up from the smallest C and
+    stops at the first rise; for a loss unimodal in C (which it assumes too) both stop at the
+    same C, this one after 2-3 Cs instead of 4-6 on CoNLL's blocks (the chosen C rarely moves
+    from one block to the next). The fits at ``c_prev`` start from ``start`` (the previous
+    block's model, fitted on the first half of these rows), the others from the fold's fit at
+    the neighbouring C; the refit from the mean of the folds' fits at the chosen C.
+
+    Returns ``(C, params, n_iter)`` as ``fit_logistic_cv`` does."""
+    grid = sorted(float(c) for c in grid)
+    n_splits = min(3, int(np.bincount(y, minlength=k).min()))
+    at = grid.index(c_prev) if c_prev in grid else 0
+    splitter = StratifiedKFold(n_splits, shuffle=True, random_state=seed)
+    folds = [(Z.take(tr), y[tr], Z.take(va), y[va]) if isinstance(Z, StandardizedRows)
+             else (Z[tr], y[tr], Z[va], y[va]) for tr, va in splitter.split(np.zeros(len(y)), y)]
+    inner_tol = INNER_TOL_FACTOR * tol
+
+    def cv(C: float, starts: Sequence[np.ndarray | None]) -> tuple[float, list[np.ndarray]]:
+        fitted, loss = [], 0.0
+        for (Z_tr, y_tr, Z_va, y_va), s in zip(folds, starts):
+            params, _ = fit_logistic(Z_tr, y_tr, k, C, start=s, max_iter=max_iter, tol=inner_tol)
+            fitted.append(params)
+            loss += float(_bits(params, Z_va, y_va).sum())
+        return loss, fitted
+
+    best_loss, best_fits = cv(grid[at], [start] * n_splits)
+    best = at
+    for step in (1, -1):  # up while the loss falls; down only if the first step up did not help
+        i, fits = best + step, best_fits
+        while 0 <= i < len(grid):
+            loss, fits = cv(grid[i], fits)
+            if loss >= best_loss if step == 1 else not loss < best_loss:
+                break
+            best, best_loss, best_fits = i, loss, fits
+            i += step
+        if best != at:
+            break
+    params, n_iter = fit_logistic(Z, y, k, grid[best], start=np.mean(best_fits, axis=0), max_iter=max_iter,
+                                  tol=tol)
+    return grid[best], params, n_iter
+
+
 def online_codelength(X: np.ndarray, y: np.ndarray, n_classes: int | None = None, *,
                       fractions: Sequence[float] = PAPER_FRACTIONS, C: float | None = None, seed: int = 0,
                       max_iter: int = 500, storage_dtype: Any = np.float16,
@@ -113,15 +165,23 @@ def online_codelength(X: np.ndarray, y: np.ndarray, n_classes: int | None = None
 def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, *,
                        fractions: Sequence[float] = PAPER_FRACTIONS, C: float | None = None, seed: int = 0,
                        max_iter: int = 500, storage_dtype: Any = np.float16, shuffle: bool = True,
-                       dtype: Any = np.float64, n_jobs: int = 1) -> list[dict[str, Any]]:
+                       dtype: Any = np.float64, n_jobs: int = 1,
+                       walk_from_previous: bool = False) -> list[dict[str, Any]]:
     """``online_codelength`` of several label sets over the same ``X`` (a task's tags and its
     control tags): one shuffle, the same blocks, each block standardised once for all of them.
 
     Memory: no block is copied. ``X`` is read as it is (float16 stays float16); a block is an
-    index array into it, standardised by folding its mean and spread into the weights
-    (``StandardizedRows``), and the products run on chunks of rows cast to ``dtype``
-    (inner-CV folds too). ``n_jobs`` > 1 fits the
+    index array into it (with ``shuffle=False``, a slice: the token probe permutes its rows in
+    place by the same seeded permutation first, so the fits read contiguous rows instead of
+    gathering them at every step; the code is the same), standardised by folding its mean and
+    spread into the weights (``StandardizedRows``), and the products run on chunks of rows cast
+    to ``dtype`` (inner-CV folds too). ``n_jobs`` > 1 fits the
     label sets of a block on that many threads at once (numpy's products release the GIL).
+
+    ``walk_from_previous`` (the token probe's): each block's C is chosen by the same inner CV
+    (the same folds, the same held-out log loss) walked from the previous block's C instead of
+    from the smallest (``_cv_walk``), each fold's first fit started from the previous block's
+    model: fewer and shorter fits for what a unimodal loss gives the same C.
     """
     X = np.asarray(X)
     ys = [np.asarray(y, dtype=np.int64) for y in ys]
@@ -142,12 +202,20 @@ def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, 
     dropped = 0
     work_dtype = np.dtype(dtype)
 
-    def fit(Z: np.ndarray | StandardizedRows, seen: np.ndarray) -> tuple[np.ndarray, int]:
+    # per label set, with walk_from_previous: the previous block's C and model
+    previous: list[tuple[float | None, np.ndarray | None]] = [(None, None)] * len(ys)
+
+    def fit(Z: np.ndarray | StandardizedRows, seen: np.ndarray, j: int) -> tuple[np.ndarray, int]:
         with warnings.catch_warnings():  # reported once, as ``converged``
             warnings.simplefilter("ignore")
             if C is not None:
                 return fit_logistic(Z, seen, k, C, max_iter=max_iter)
             if np.bincount(seen, minlength=k).min() >= 3:
+                if walk_from_previous:
+                    c_prev, p_prev = previous[j]
+                    chosen, params, n_iter = _cv_walk(Z, seen, k, c_prev, p_prev, seed=seed, max_iter=max_iter)
+                    previous[j] = (chosen, params)
+                    return params, n_iter
                 _, params, n_iter = fit_logistic_cv(Z, seen, k, CS, random_state=seed, max_iter=max_iter)
                 return params, n_iter
             return fit_logistic(Z, seen, k, CS[0], max_iter=max_iter)
@@ -157,12 +225,16 @@ def online_codelengths(X: np.ndarray, ys: Sequence[np.ndarray], n_classes: int, 
         for start, end in zip(ends[:-1], ends[1:]):
             # the rows sent so far, standardised by their own mean and spread: index arrays into X
             # (StandardizedRows folds the standardisation into the weights), no gathered copy
-            scaler = Standardizer(storage_dtype, work_dtype).fit(X, order[:start])
+            if shuffle:
+                scaler = Standardizer(storage_dtype, work_dtype).fit(X, order[:start])
+                Z, coded = scaler.rows(X, order[:start]), scaler.rows(X, order[start:end])
+            else:  # rows in order (the token probe shuffles them itself, in place): slices, no gathers
+                scaler = Standardizer(storage_dtype, work_dtype).fit(X[:start])
+                Z, coded = scaler.rows(X[:start]), scaler.rows(X[start:end])
             dropped = scaler.n_dropped
-            Z = scaler.rows(X, order[:start])
             seen = [y[:start] for y in ys]
-            fits = list(pool.map(fit, [Z] * len(ys), seen)) if pool else [fit(Z, s) for s in seen]
-            coded = scaler.rows(X, order[start:end])
+            labels = range(len(ys))
+            fits = list(pool.map(fit, [Z] * len(ys), seen, labels)) if pool else list(map(fit, [Z] * len(ys), seen, labels))
             for j, (params, n_iter) in enumerate(fits):
                 converged[j] &= n_iter < max_iter
                 bits = float(_bits(params, coded, ys[j][start:end]).sum())

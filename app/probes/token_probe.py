@@ -21,7 +21,12 @@ training words' states and scores it on the validation words:
 - **MDL** (``mdl=True``, layerbank.app.probes.mdl): the online codelength of
   the covered training words' tags given each view's states, in kbits, and
   the compression (uniform / online); the same for the control tags. Not
-  for ``scalar_mix`` (its features are learnt with the head).
+  for ``scalar_mix`` (its features are learnt with the head). The view's
+  training rows are permuted in place into the code's seeded order first, so
+  every block is a slice (gathered rows cost ~2x at every step), and each
+  block's C is chosen by the same inner CV walked from the previous block's C
+  (``walk_from_previous``: 2-3 Cs a block instead of 4-6; on 29k CoNLL words
+  MDL took 17.8 s instead of 24.6 s, compression 9.1921 against 9.1932).
 
 Views: ``"each_layer"`` expands to ``layer:0 .. layer:L``; any other string
 is a layerbank.cache.views spec (``layer:-2``, ``concat_last_4``, ``mean_all``,
@@ -245,14 +250,42 @@ def _fit_predict(
     return classes[picked], time.perf_counter() - start, n_iter < budget, None
 
 
+def _permute_rows(x: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``x[order]``: in ``x``'s own memory where the probe owns it (a view's matrix read from the
+    store), cycle by cycle with one spare row, so no second copy of a corpus-sized matrix is
+    made; else (a view of the caller's states) a new array."""
+    if not (x.flags.owndata and x.flags.c_contiguous and x.flags.writeable):
+        return x[order]
+    spare = np.empty_like(x[0])
+    dest = order.tolist()
+    done = [False] * len(dest)
+    for i in range(len(dest)):
+        if done[i] or dest[i] == i:
+            continue
+        spare[...] = x[i]
+        j = i
+        while True:  # x[j] takes x[dest[j]] along the cycle through i
+            done[j] = True
+            k = dest[j]
+            if k == i:
+                x[j] = spare
+                break
+            x[j] = x[k]
+            j = k
+    return x
+
+
 def _mdl_row(x: np.ndarray, y: np.ndarray, y_control: np.ndarray | None, n_tags: int, *, seed: int,
              C: float, max_iter: int, n_jobs: int) -> dict[str, Any]:
     """Online codelength of the tags (and of the control tags) given ``x``: one pass over the
-    blocks for both, their fits side by side on ``n_jobs`` threads."""
+    blocks for both, their fits side by side on ``n_jobs`` threads. ``x`` and the tags are in
+    the code's order already (``_permute_rows`` by the code's seeded permutation)."""
     start = time.perf_counter()
-    # products in float32 over the stored rows: no block is copied (layerbank.app.probes.mdl)
+    # products in float32 over the stored rows: no block is copied, each is a slice of x
+    # (layerbank.app.probes.mdl)
     codes = online_codelengths(x, [y] if y_control is None else [y, y_control], n_tags, seed=seed, C=C,
-                               max_iter=max_iter, dtype=np.float32, n_jobs=n_jobs)
+                               max_iter=max_iter, dtype=np.float32, n_jobs=n_jobs, shuffle=False,
+                               walk_from_previous=True)
     task, control = codes[0], (codes[1] if y_control is not None else None)
     return {
         "online_kbits": round(task["online_bits"] / 1000, 3),
@@ -399,9 +432,17 @@ def run_token_probe(
         # view None: [n, H, d], the head mixes the states itself
         x_tr = features(tr_states, tr_cov, x_tr_all, view)
         code, dropped = None, None
+        y_tr, y_ctl = tr_tags[tr_cov], (ctl_tr[tr_cov] if control_task else None)
         if not mix:
             if mdl:  # on the stored values: each block is standardised from the rows sent before it
-                code = _mdl_row(x_tr, indices(tr_tags[tr_cov]), indices(ctl_tr[tr_cov]) if control_task else None,
+                # The training rows in the code's order (online_codelengths' seeded permutation), in
+                # place: the blocks are then slices, which the fits read ~2x faster than gathered
+                # rows; the tagger and the control head read the same rows (their fits do not
+                # depend on the order of the rows).
+                order = np.random.default_rng(seed).permutation(x_tr.shape[0])
+                x_tr, y_tr = _permute_rows(x_tr, order), y_tr[order]
+                y_ctl = None if y_ctl is None else y_ctl[order]
+                code = _mdl_row(x_tr, indices(y_tr), None if y_ctl is None else indices(y_ctl),
                                 len(tag_index), seed=seed, C=C, max_iter=max_iter, n_jobs=n_jobs)
                 tick()
         # read after MDL: its blocks (up to half the training rows) and this matrix are not held at once
@@ -412,9 +453,9 @@ def run_token_probe(
             return _fit_predict(x_tr, y, x_va, seed=seed, max_iter=max_iter, c=C, mix=mix, mix_rounds=mix_rounds)
         # the tagger and the control head read the same standardised rows, side by side
         control_fit = None
-        if control_task:
-            control_fit = pool.submit(fit, ctl_tr[tr_cov]) if pool is not None else _Done(fit(ctl_tr[tr_cov]))
-        pred, seconds, converged, head = fit(tr_tags[tr_cov])
+        if y_ctl is not None:
+            control_fit = pool.submit(fit, y_ctl) if pool is not None else _Done(fit(y_ctl))
+        pred, seconds, converged, head = fit(y_tr)
         tick()
         if not converged:
             warned.append(not_converged(name, "the tagger", mix))

@@ -141,6 +141,36 @@ class Standardizer:
 CHUNK_BYTES = 2 * 2**20
 
 
+def _fast_half(stored: np.dtype, dtype: np.dtype) -> bool:
+    return stored == np.float16 and dtype == np.float32
+
+
+# 2**112: a float16's magnitude bits shifted into float32's place read as the value times 2**-112
+_HALF_SCALE = np.float32(2.0**112)
+
+
+def _half_to_single(half: np.ndarray, out: np.ndarray, signs: np.ndarray) -> bool:
+    """``out[...] = half`` (float16 to float32, exact) by integer operations; False, with ``out``
+    unspecified, where ``half`` holds an infinity or NaN (the caller then casts with numpy).
+
+    Why: numpy casts float16 one value at a time here (1.4 ns a value on this project's
+    machine, measured), and a fit over ``concat_last_4`` in float16 casts every row at every
+    L-BFGS step: 307M values, most of the step's time. Seven vectorised integer passes over a
+    chunk already in cache take 0.55 ns a value, and give the same bits for every finite
+    float16 (the test checks all 63,488 of them)."""
+    bits = out.view(np.uint32)
+    np.copyto(bits, half.view(np.uint16))
+    np.bitwise_and(bits, 0x8000, out=signs)
+    np.left_shift(signs, 16, out=signs)
+    np.bitwise_and(bits, 0x7FFF, out=bits)
+    if bits.size and int(bits.max()) >= 0x7C00:  # exponent all ones: inf or NaN
+        return False
+    np.left_shift(bits, 13, out=bits)
+    np.multiply(out, _HALF_SCALE, out=out)  # subnormal halves become float32 normals, exactly
+    np.bitwise_or(bits, signs, out=bits)
+    return True
+
+
 class StandardizedRows:
     """``(X[rows] - mean) * inv_scale`` as a linear model reads it, never built.
 
@@ -181,6 +211,7 @@ class StandardizedRows:
         asking for the next."""
         n, step = self.shape[0], self.chunk_rows
         buf: np.ndarray | None = None
+        signs: np.ndarray | None = None
         for a in range(0, n, step):
             part = self.X[a : a + step] if self.rows is None else self.X[self.rows[a : a + step]]
             if part.dtype == self.dtype:
@@ -188,8 +219,10 @@ class StandardizedRows:
                 continue
             if buf is None:
                 buf = np.empty((min(step, n), self.shape[1]), dtype=self.dtype)
+                signs = np.empty(buf.shape, dtype=np.uint32) if _fast_half(part.dtype, self.dtype) else None
             out = buf[: part.shape[0]]
-            np.copyto(out, part)
+            if signs is None or not _half_to_single(part, out, signs[: part.shape[0]]):
+                np.copyto(out, part)
             yield a, out
 
     def folded(self, coef: np.ndarray, intercept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

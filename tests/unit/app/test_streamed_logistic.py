@@ -67,3 +67,19 @@ def test_a_dimension_of_rounding_noise_gets_no_weight_and_cv_folds_are_not_copie
     # the same C as the standardised copy's inner CV (the same folds: same y, same seed)
     C_copy, _, _ = fit_logistic_cv(scaler.transform(X).astype(np.float64), y, 3, (0.01, 0.1, 1.0), max_iter=500)
     assert C == C_copy
+
+
+def test_float16_rows_cast_by_integer_operations_are_exactly_numpys_cast(monkeypatch):
+    # every finite float16 (63,488 bit patterns: subnormals, zeros of both signs, the largest),
+    # cast as a chunk of rows is cast for a fit; an infinity falls back to numpy's own cast
+    monkeypatch.setattr(standardize, "CHUNK_BYTES", 31 * 4 * 100)  # 100 rows a chunk: 21 chunks
+    bits = np.arange(2**16, dtype=np.uint16)
+    finite = bits[(bits & 0x7C00) != 0x7C00].view(np.float16)
+    X = finite[: finite.size // 31 * 31].reshape(-1, 31)
+    rows = standardize.StandardizedRows(X, None, np.zeros(31), np.ones(31), np.float32)
+    got = np.concatenate([chunk.copy() for _, chunk in rows.chunks()])
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), X.astype(np.float32).view(np.uint32))
+    X[5, 3], X[-1, 0] = np.inf, -np.inf
+    got = np.concatenate([chunk.copy() for _, chunk in rows.chunks()])
+    np.testing.assert_array_equal(got, X.astype(np.float32))
