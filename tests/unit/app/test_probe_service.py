@@ -58,7 +58,7 @@ class Pools:
 
         def shutdown(wait: bool = True, *, cancel_futures: bool = False) -> None:
             self.shut.append(pool)
-            real(wait=False, cancel_futures=cancel_futures)
+            real(wait=wait, cancel_futures=cancel_futures)
 
         pool.shutdown = shutdown  # type: ignore[method-assign]
         self.made.append(pool)
@@ -524,3 +524,29 @@ def test_closing_a_service_that_never_started_hands_back_nothing(world: SimpleNa
     svc = world.new()  # the app's start-up failed before the service's start
     asyncio.run(svc.close())
     assert world.pools.made == [] and svc._running == {}
+
+
+def test_close_returns_at_once_ends_the_pool_processes_and_starts_no_queued_job(world: SimpleNamespace) -> None:
+    world.pools.workers = 1  # two jobs given to the pool, one computing, one waiting in it
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def go() -> list[str]:
+            svc = world.new()
+            await svc.start()
+            ids = [svc.submit("probe", {"do": "block"}) for _ in range(2)]
+            await _until(lambda: len(svc._running) == 2 and world.jobs.calls)
+            world.pools.made[0]._processes = {child.pid: child}  # type: ignore[attr-defined]
+            t0 = time.monotonic()
+            await svc.close()  # while a job computes: it must not wait for it
+            assert time.monotonic() - t0 < 5
+            assert child.wait(10) == -signal.SIGTERM
+            world.jobs.release.set()
+            await asyncio.sleep(0.3)
+            return ids
+
+        ids = asyncio.run(go())
+    finally:
+        child.kill()
+        child.wait()
+    assert [c[1] for c in world.jobs.calls] == ids[:1]  # the waiting one never started
+    assert _states(world, ids) == ["queued", "queued"]
