@@ -59,9 +59,10 @@ log = logging.getLogger("layerbank.store")
 # (measured: 490 open shards, +288 MB RSS) and one file descriptor. The budget is the
 # smaller of READER_MEMORY_MB's worth and half the descriptors the process may hold
 # (RLIMIT_NOFILE; the other half for sockets, the catalog, logs), least recently used closed first.
-# 64 MB (106 handles, was 32): with 256 MB the API grew 29% in tests/reliability/test_load.py's
-# 20 s of misses (each a new shard, each kept open), past its 10%; with 64 MB, 5.7%.
-READER_MEMORY_MB = 64
+# 32 MB (53 handles, was 32): tests/reliability/test_load.py's 20 s of misses (each a new
+# shard, each kept open) grew the API 29% with 256 MB and 12-13% with 64 MB, past its 10%;
+# 5.8% with 32 MB. A server reading at random over more shards wants more (max_open_readers).
+READER_MEMORY_MB = 32
 _MB_PER_READER = 0.6
 _MIN_OPEN = 8
 
