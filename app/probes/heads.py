@@ -57,7 +57,14 @@ from layerbank.app.probes.head_files import read_head, write_head
 from layerbank.app.probes.head_names import HEAD_NAMES
 from layerbank.app.probes.scalar_mix import ScalarMixHead  # it imports logistic, not this module
 from layerbank.cache.errors import InputError
-from layerbank.linear_probe.logistic import fit_logistic_cv, softmax_decision
+from layerbank.linear_probe.logistic import (
+    PROBE_CS,
+    PROBE_INNER_CV,
+    PROBE_MAX_ITER,
+    PROBE_TOL,
+    fit_logistic_cv,
+    softmax_decision,
+)
 from layerbank.linear_probe.standardize import Standardizer
 
 __all__ = [
@@ -102,11 +109,8 @@ class Head(ClassifierMixin, BaseEstimator):
         if len(self.classes_) < 2:
             # sklearn's one-label check accepts a ValueError naming the class count
             raise ValueError(f"a head needs samples of at least 2 classes; got 1 class ({self.classes_[0]!r})")
-        scaler = Standardizer(self.storage_dtype).fit(X)
         # a dropped (noise) dimension: scale inf, so (x - mean) / scale is 0 and it weighs nothing
-        self.mean_ = np.zeros(X.shape[1])
-        self.scale_ = np.full(X.shape[1], np.inf)
-        self.mean_[scaler.keep_], self.scale_[scaler.keep_] = scaler.mean_, scaler.scale_
+        self.mean_, self.scale_ = Standardizer(self.storage_dtype).fit(X).full()
         self._fit_standardized((X - self.mean_) / self.scale_, y_idx)
         return self
 
@@ -175,8 +179,8 @@ class LogisticHead(_LinearHead):
     name = "logistic"
     _scalars = ("C_", "n_iter_")
 
-    def __init__(self, Cs: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0), inner_cv: int = 3,
-                 max_iter: int = 300, tol: float = 1e-4, random_state: int | None = 0,
+    def __init__(self, Cs: tuple[float, ...] = PROBE_CS, inner_cv: int = PROBE_INNER_CV,
+                 max_iter: int = PROBE_MAX_ITER, tol: float = PROBE_TOL, random_state: int | None = 0,
                  storage_dtype: str = "float16") -> None:
         self.storage_dtype = storage_dtype
         self.Cs = Cs

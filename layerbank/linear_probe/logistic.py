@@ -41,7 +41,14 @@ from sklearn.model_selection import StratifiedKFold
 
 from layerbank.linear_probe.standardize import StandardizedRows
 
-__all__ = ["decision", "fit_logistic", "fit_logistic_cv", "softmax_decision"]
+__all__ = ["PROBE_CS", "PROBE_INNER_CV", "PROBE_MAX_ITER", "PROBE_TOL", "decision", "fit_logistic",
+           "fit_logistic_cv", "softmax_decision"]
+
+# The frozen probe's defaults, one place for both users: the probe sweep's LogisticHead
+# (app/probes/heads.py) and the frozen regime (workers/regimes/linear_probe.py). The C grid,
+# the inner folds that choose C, the refit's iteration cap and tolerance.
+PROBE_CS: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0)
+PROBE_INNER_CV, PROBE_MAX_ITER, PROBE_TOL = 3, 300, 1e-4
 
 # Inner-CV fits only rank the Cs by held-out loss, which settles long before
 # the weights do: a 10x looser gtol there cut a third of the work on real

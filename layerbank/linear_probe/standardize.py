@@ -109,6 +109,13 @@ class Standardizer:
         out /= self.scale_.astype(self.dtype, copy=False)
         return out
 
+    def full(self, dtype: Any = np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and scale over every dimension, a dropped one at mean 0 and scale inf, so
+        ``(x - mean) / scale`` is 0 there and it weighs nothing in a linear model."""
+        mean = np.zeros(self.keep_.shape[0], dtype=dtype)
+        scale = np.full(self.keep_.shape[0], np.inf, dtype=dtype)
+        mean[self.keep_], scale[self.keep_] = self.mean_, self.scale_
+        return mean, scale
 
     def transform_in_place(self, X: np.ndarray) -> np.ndarray:
         """Standardise ``X`` (of ``dtype``, C-contiguous) in its own memory; returns it.
@@ -119,13 +126,10 @@ class Standardizer:
         """
         if X.dtype != self.dtype or not X.flags.c_contiguous:
             raise ValueError(f"transform_in_place needs a C-contiguous {self.dtype} array, got {X.dtype}")
-        mean = np.zeros(self.keep_.shape[0], dtype=self.dtype)
-        scale = np.full(self.keep_.shape[0], np.inf, dtype=self.dtype)  # x / inf = 0: a dropped dimension
-        mean[self.keep_], scale[self.keep_] = self.mean_, self.scale_
+        mean, scale = self.full(self.dtype)
         X -= mean
         X /= scale
         return X
-
 
     def rows(self, X: np.ndarray, rows: np.ndarray | None = None, dtype: Any = None) -> StandardizedRows:
         """``X`` (or ``X[rows]``) standardised by this fit without a copy (``StandardizedRows``);

@@ -35,7 +35,15 @@ from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 from threadpoolctl import threadpool_limits
 
-from layerbank.linear_probe.logistic import decision, fit_logistic_cv, softmax_decision
+from layerbank.linear_probe.logistic import (
+    PROBE_CS,
+    PROBE_INNER_CV,
+    PROBE_MAX_ITER,
+    PROBE_TOL,
+    decision,
+    fit_logistic_cv,
+    softmax_decision,
+)
 from layerbank.linear_probe.standardize import Standardizer
 
 __all__ = ["probe_head", "probe_layers", "stratified_split", "subsample"]
@@ -61,10 +69,9 @@ def subsample(train: np.ndarray, labels: np.ndarray, size: int | None, split_see
     return np.sort(part)
 
 
-# The probe sweep's logistic head (app/probes/heads.py LogisticHead's defaults; a test holds
-# them equal): the C grid, inner folds, iteration cap and tolerance of its fit.
-CS: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0)
-INNER_CV, MAX_ITER, TOL = 3, 300, 1e-4
+# The probe sweep's logistic head's defaults (app/probes/heads.py LogisticHead takes the same
+# constants): the C grid, inner folds, iteration cap and tolerance of its fit.
+CS, INNER_CV, MAX_ITER, TOL = PROBE_CS, PROBE_INNER_CV, PROBE_MAX_ITER, PROBE_TOL
 
 
 class _Probe:
@@ -75,9 +82,7 @@ class _Probe:
     def __init__(self, x: np.ndarray, y: np.ndarray, storage_dtype: str, random_state: int) -> None:
         x = np.asarray(x, dtype=np.float64)
         self.classes, y_idx = np.unique(y, return_inverse=True)
-        s = Standardizer(storage_dtype).fit(x)
-        self.mean, self.scale = np.zeros(x.shape[1]), np.full(x.shape[1], np.inf)
-        self.mean[s.keep_], self.scale[s.keep_] = s.mean_, s.scale_
+        self.mean, self.scale = Standardizer(storage_dtype).fit(x).full()
         with warnings.catch_warnings():  # not converging is reported in the metrics, not warned
             warnings.simplefilter("ignore", ConvergenceWarning)
             self.C, self.params, n_iter = fit_logistic_cv(
