@@ -151,7 +151,6 @@ def _index_shard(cat: Catalog, storage: ShardStorage, shard: StoredShard) -> int
     return len(index.keys)
 
 
-
 # every key's winner in one sorted pass (repair_catalog): rank orders the copies of a key as
 # commit_shard would have let them win, shard by shard, oldest first: a later copy replaces an
 # earlier one unless that one has token states and it has not
@@ -221,6 +220,8 @@ def _index_all(cat: Catalog, storage: ShardStorage, report: RepairReport) -> Non
     finally:
         for table in ("repair_staged", "repair_first_tokens", "repair_won"):
             db.execute(f"DROP TABLE IF EXISTS temp.{table}")
+
+
 def _quarantine(storage: ShardStorage, shard: StoredShard, error: Exception, report: RepairReport) -> None:
     if isinstance(error, CorruptShardError):  # what HDF5 said, not the reader's wrapping of it
         error = error.__cause__ if isinstance(error.__cause__, Exception) else ValueError(error.reason)
