@@ -147,6 +147,7 @@ class ProbeService:
         self._wake: asyncio.Event | None = None
         self._outage = OutageWait(log)
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # head id -> (file signature, loaded head); and -> (signature, damage or None)
         self._loaded: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
@@ -165,12 +166,17 @@ class ProbeService:
     # -- life cycle -------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._closing = False
         self._wake = asyncio.Event()
         self.heads.clean()  # temp directories of a crash; nothing runs yet
         self._release_orphans()
         self._task = asyncio.create_task(self._dispatch_forever())
 
     async def close(self) -> None:
+        # the flag as well as the cancel: Python 3.11's wait_for swallows a cancel that lands
+        # as the wake event is set (a job finishing), and the dispatcher would then run on
+        # while close waited for it forever (seen once in CI)
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -221,7 +227,7 @@ class ProbeService:
     # -- dispatching ------------------------------------------------------------------
     async def _dispatch_forever(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._closing:
             pause = _IDLE_POLL_S
             try:
                 await self._end_cancelled()

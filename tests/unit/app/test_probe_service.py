@@ -550,3 +550,31 @@ def test_close_returns_at_once_ends_the_pool_processes_and_starts_no_queued_job(
         child.wait()
     assert [c[1] for c in world.jobs.calls] == ids[:1]  # the waiting one never started
     assert _states(world, ids) == ["queued", "queued"]
+
+
+def test_close_returns_when_a_job_finishing_wakes_the_dispatcher_as_it_is_cancelled(
+        world: SimpleNamespace) -> None:
+    # Python 3.11's wait_for drops a cancel that lands just after the event it waits on is set;
+    # the dispatcher then ran on and close() waited for it forever (a CI run ended here). Each
+    # offset below lands the cancel on another step of that hand-over.
+    async def go() -> list[int]:
+        closed = []
+        for steps in range(8):
+            svc = world.new()
+            await svc.start()
+            await asyncio.sleep(0.05)  # the dispatcher is waiting on its wake event
+            assert svc._wake is not None
+            svc._wake.set()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            closing = asyncio.create_task(svc.close())
+            done, _ = await asyncio.wait({closing}, timeout=5)  # wait (not wait_for): no second cancel
+            if not done:
+                assert svc._task is not None
+                svc._task.cancel()  # a second cancel ends the stray dispatcher, so the test can report
+                await closing
+                continue
+            closed.append(steps)
+        return closed
+
+    assert asyncio.run(go()) == list(range(8))
