@@ -35,6 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from layerbank.cache.keys import PrecisionChoice
 from layerbank.cache.poolings import DEFAULT_POOLINGS, POOLING_NAMES, PoolingName, parse_poolings
+from layerbank.cache.reader_budget import READER_MEMORY_MB
 
 __all__ = ["DEFAULT_DATA_DIR", "EMBEDDED_MODEL", "ENV_PREFIX", "ExtractionOptions", "Settings", "env_name",
            "environment_value", "setting", "settings_env"]
@@ -117,6 +118,11 @@ class Settings(BaseSettings):
                                   "(0: no limit)")
     keep_alive_s: float = Field(5.0, ge=1, description="an idle kept-alive connection closes after this")
     max_dataset_texts: int = Field(1_000_000, ge=1, description="texts in one dataset (default 1000000)")
+    # open shard files cost ~0.6 MB each and reopening one ~0.26 ms a read (cache/reader_budget.py):
+    # the default suits the tests' load check; a large store read at random wants more
+    reader_memory_mb: int = Field(READER_MEMORY_MB, ge=1, description="memory for shard files kept open "
+                                  "for reads (~0.6 MB each, at most half the file descriptors); more "
+                                  "makes random reads over a large store faster (default 32)")
     probe_processes: int = Field(1, ge=1, description="processes that run probe, head and regimes jobs")
     # what one probe, head or regimes job may hold (app/api/probe_jobs/memory_cost.py): a request whose
     # estimate exceeds it is a 413, and each probe process runs under an address-space limit of

@@ -35,7 +35,7 @@ from layerbank.app.api.settings import Settings
 from layerbank.cache.datasets import DatasetStore
 from layerbank.cache.jobs import JobQueue, pid_alive
 from layerbank.cache.keys import ExtractionConfig
-from layerbank.cache.store import FeatureStore
+from layerbank.cache.store import FeatureStore, open_reader_budget
 
 __all__ = ["ApiKeyGuard", "AppState", "BodyLimitGuard", "ModelRef", "get_state"]
 
@@ -102,7 +102,8 @@ class ModelRef:
 class AppState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url)
+        self.store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url,
+                                  max_open_readers=open_reader_budget(settings.reader_memory_mb))
         self.queue = JobQueue(self.store.catalog)
         self.datasets = DatasetStore(self.store.catalog)
         self.model: ModelRef | None = None

@@ -49,7 +49,7 @@ log = logging.getLogger("layerbank.serve")
 _SETTINGS = ("host", "catalog_url", "port", "api_key", "allowed_hosts", "default_view", "default_pooling",
              "batch_window_ms", "max_texts_per_request", "max_chars_per_text", "max_body_bytes",
              "max_queue_depth", "max_dataset_texts", "max_tokens_per_batch", "part_size", "model_memory_mb",
-             "lease_seconds", "heartbeat_seconds", "max_attempts", "log_level", "insecure")
+             "reader_memory_mb", "lease_seconds", "heartbeat_seconds", "max_attempts", "log_level", "insecure")
 
 
 def register(sub: Any) -> None:

@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
     add_common_flags(p, several_models=True)
     add_poolings_flag(p)
     add_flag(p, "--parent-pid", type=int, help="exit when this process is gone")
-    add_setting_flags(p, "part_size", "model_memory_mb", "max_tokens_per_batch", "lease_seconds",
+    add_setting_flags(p, "part_size", "model_memory_mb", "reader_memory_mb", "max_tokens_per_batch", "lease_seconds",
                       "heartbeat_seconds", "log_level")
     add_backend_flags(p)
     p.set_defaults(run=run)
@@ -131,13 +131,14 @@ def open_catalog(settings: Settings, encoder: Any) -> Any:
     ``layerbank.cache.outage``), not an exit that ``serve`` or a container's restart
     policy would answer with a restart into the same outage, loading the model again."""
     from layerbank.cache.outage import OutageWait, catalog_outage
-    from layerbank.cache.store import FeatureStore
+    from layerbank.cache.store import FeatureStore, open_reader_budget
 
     wait = OutageWait(logging.getLogger("layerbank.worker"))
     while True:
         store = None
         try:
-            store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url)
+            store = FeatureStore(settings.data_dir, catalog_url=settings.catalog_url,
+                                 max_open_readers=open_reader_budget(settings.reader_memory_mb))
             store.catalog.register_model(encoder.fingerprint, encoder.name,
                                          {**encoder.info, "config": encoder.config.canonical()})
         except Exception as e:

@@ -6,6 +6,7 @@ whether the flag was given or not (the flag wins)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 import pytest
@@ -98,3 +99,23 @@ def test_the_catalog_statement_timeout_comes_through_the_settings(monkeypatch: p
     assert _bounds("postgresql://u@h/db", 5.0)["options"] == "-c statement_timeout=2500"
     monkeypatch.setenv("LAYERBANK_CATALOG_STATEMENT_TIMEOUT_S", "0")  # 0: no limit
     assert "options" not in _bounds("postgresql://u@h/db", 5.0)
+
+
+def test_the_open_shard_budget_is_a_setting_the_server_and_worker_take(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerbank.app.api.deps import AppState
+
+    parser = build_parser()
+    assert Settings().reader_memory_mb == 32  # 53 shard files at ~0.6 MB each (cache/reader_budget.py)
+    monkeypatch.setenv("LAYERBANK_READER_MEMORY_MB", "12")
+    assert settings_from(parser.parse_args(["worker"])).reader_memory_mb == 12
+    s = settings_from(parser.parse_args(["serve", "--reader-memory-mb", "120", "--data-dir", str(tmp_path)]))
+    assert s.reader_memory_mb == 120
+    state = AppState(s)
+    try:
+        assert state.store.max_open_readers == 200  # 120 MB at 0.6 MB a file
+    finally:
+        state.store.close()
+    monkeypatch.setenv("LAYERBANK_READER_MEMORY_MB", "0")
+    with pytest.raises(SystemExit):
+        settings_from(parser.parse_args(["serve"]))
