@@ -203,6 +203,7 @@ def test_jobs_run_as_many_at_once_as_probe_processes_with_what_the_pool_needs(
     msgs = [r.getMessage() for r in caplog.records]
     for i, kind in zip(ids, ["probe"] * 3 + ["head"], strict=True):
         assert f"job {i} ({kind}) started" in msgs and f"job {i}: succeeded" in msgs
+    assert not [m for m in msgs if "could not dispatch" in m]  # no tick failed on the way
 
 
 def test_a_job_whose_process_fails_is_requeued_with_the_attempt_counted_then_failed(
