@@ -20,17 +20,18 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from layerbank.app.api.deps import AppState, ModelRef
-from layerbank.app.api.errors import InvalidInput, TooLarge, UnsupportedMediaType
+from layerbank.app.api.errors import InvalidInput, NotFound, TooLarge, UnsupportedMediaType
 from layerbank.app.api.schemas import view_pattern
 from layerbank.app.api.served_models import find_model
 from layerbank.app.blank import is_blank
+from layerbank.cache.jobs import Job
 from layerbank.cache.views import VIEW_GRAMMAR, View, ViewError, parse_view
 
 if TYPE_CHECKING:
     from layerbank.app.api.probe_jobs.service import ProbeService
 
-__all__ = ["check_pooling", "check_texts", "dumps", "encode_rows", "get_service", "json_response",
-           "require_json", "resolve_request", "row_fragments", "strict_view"]
+__all__ = ["check_pooling", "check_texts", "dumps", "encode_rows", "find_job", "get_service", "job_out",
+           "json_response", "require_json", "resolve_request", "row_fragments", "strict_view"]
 
 
 async def require_json(request: Request) -> None:
@@ -135,3 +136,17 @@ def row_fragments(data: np.ndarray, fmt: str, dtype: str) -> list[bytes]:
     if fmt == "base64":
         return [b'"' + e.encode("ascii") + b'"' for e in encode_rows(data, fmt, dtype)]
     return [dumps(row) for row in data.tolist()]
+
+
+# -- jobs (GET/DELETE /v1/jobs, and the probe, head and regimes routes) ---------------
+def job_out(job: Job) -> dict[str, Any]:
+    return {**job.public(), "cancel_requested": job.cancel_requested,
+            "result": job.result if job.state == "succeeded" else None}
+
+
+def find_job(state: AppState, job_id: str, kind: str | None = None, noun: str = "job") -> Job:
+    """The job, or a 404 naming it as ``noun`` (also when it is of another ``kind``)."""
+    job = state.queue.get(job_id)
+    if job is None or kind not in (None, job.kind):
+        raise NotFound(f"no {noun} {job_id!r}")
+    return job

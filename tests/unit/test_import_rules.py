@@ -157,6 +157,16 @@ def test_no_command_imports_another_command() -> None:
     assert found == []
 
 
+
+def test_no_route_imports_another_route() -> None:
+    # what two routes share lives in app/api/route_helpers.py (issue 26: eight routes imported
+    # from routes/features.py, probes and regimes from routes/jobs.py); main.py mounts them all
+    routes = {m for m in MODULES if m.startswith("layerbank.app.api.routes.")}
+    assert {"layerbank.app.api.routes.features", "layerbank.app.api.routes.jobs"} <= routes
+    found = [f"{m} imports {t}" for m in sorted(routes)
+             for t in map(_internal, GRAPH[m]) if t in routes and t != m]
+    assert found == []
+
 # modules that touch os.environ for something that is not a layerbank setting, and why;
 # every setting is read by layerbank/settings.py alone (declared once, CLI flags generated from it)
 ENVIRON_ALLOWED = {

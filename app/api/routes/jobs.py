@@ -29,31 +29,18 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response, StreamingResponse
 
 from layerbank.app.api.deps import AppState, get_state
-from layerbank.app.api.errors import Conflict, NotFound
-from layerbank.app.api.routes.features import json_response
+from layerbank.app.api.errors import Conflict
+from layerbank.app.api.route_helpers import find_job, job_out, json_response
 from layerbank.app.api.schemas import JobList, JobOut, error_responses
-from layerbank.cache.jobs import JOB_STATES, Job
+from layerbank.cache.jobs import JOB_STATES
 
-__all__ = ["find_job", "job_out", "router"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 _ERRORS = error_responses(401, 404, 409, 422)
 _TERMINAL = ("succeeded", "failed", "cancelled")
 _EVENT_POLL_S = 0.2
 _KEEPALIVE_S = 15.0
-
-
-def job_out(job: Job) -> dict[str, Any]:
-    return {**job.public(), "cancel_requested": job.cancel_requested,
-            "result": job.result if job.state == "succeeded" else None}
-
-
-def find_job(state: AppState, job_id: str, kind: str | None = None, noun: str = "job") -> Job:
-    """The job, or a 404 naming it as ``noun`` (also when it is of another ``kind``)."""
-    job = state.queue.get(job_id)
-    if job is None or kind not in (None, job.kind):
-        raise NotFound(f"no {noun} {job_id!r}")
-    return job
 
 
 @router.get("/jobs", response_model=JobList, responses=_ERRORS, summary="Recent jobs, newest first")

@@ -41,8 +41,7 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, NotFound
 from layerbank.app.api.probe_jobs.requests import ProbeCreate, sentence_payload, token_payload
 from layerbank.app.api.probe_jobs.service import ProbeService
-from layerbank.app.api.route_helpers import get_service, json_response, require_json
-from layerbank.app.api.routes.jobs import find_job, job_out
+from layerbank.app.api.route_helpers import find_job, get_service, job_out, json_response, require_json
 from layerbank.app.api.schemas import error_responses
 from layerbank.cache.jobs import Job
 

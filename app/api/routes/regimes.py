@@ -44,8 +44,7 @@ from layerbank.app.api.deps import AppState, get_state
 from layerbank.app.api.errors import Conflict, InvalidInput
 from layerbank.app.api.probe_jobs.memory_cost import check_memory, fit_bytes
 from layerbank.app.api.probe_jobs.requests import ready_dataset
-from layerbank.app.api.route_helpers import json_response, require_json
-from layerbank.app.api.routes.jobs import find_job, job_out
+from layerbank.app.api.route_helpers import find_job, job_out, json_response, require_json
 from layerbank.app.api.schemas import error_responses
 from layerbank.cache.jobs import Job
 from layerbank.regime_names import MAX_VARIANTS, REGIMES, variants  # one list: the worker reads it too
