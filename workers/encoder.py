@@ -274,8 +274,10 @@ class Encoder:
 
     def _hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.engine is not None:
-            return self.engine.hidden_states(ids, mask)  # type: ignore[no-any-return]
-        return self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states  # type: ignore[no-any-return]
+            return self.engine.hidden_states(ids, mask)  # type: ignore[no-any-return]  # engines are typed Any
+        # transformers' model outputs are untyped (ModelOutput fields are Any)
+        out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        return out.hidden_states  # type: ignore[no-any-return]  # ModelOutput fields are Any
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":

@@ -147,8 +147,8 @@ def cast_linear_weights_once(model: torch.nn.Module) -> None:
     """
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and not getattr(mod, "_layerbank_low_forward", False):
-            mod.forward = types.MethodType(_linear_forward, mod)  # type: ignore[method-assign]
-            mod._layerbank_low_forward = True  # type: ignore[assignment]
+            mod.forward = types.MethodType(_linear_forward, mod)  # type: ignore[method-assign]  # bound per instance
+            mod._layerbank_low_forward = True  # type: ignore[assignment]  # a flag, not a Tensor
 
 
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
