@@ -69,6 +69,14 @@ class ReadResult:
         return [int(i) for i in np.flatnonzero(~self.found)]
 
 
+def _default_reader_budget() -> int:
+    """``open_reader_budget`` of the setting ``reader_memory_mb`` (LAYERBANK_READER_MEMORY_MB), so a
+    Bank, the CLI and probe processes take the operator's budget as the server and worker do."""
+    from layerbank.settings import setting  # the one reader of the environment
+
+    return open_reader_budget(setting("reader_memory_mb"))
+
+
 class FeatureStore:
     """Keys in, feature rows out; shards written once and committed atomically."""
 
@@ -80,7 +88,8 @@ class FeatureStore:
         process that holds the directory alone (SQLite); beside replicas only the
         worker's careful clean-up runs (cache/leftovers.py). ``storage``: where the shards
         live, a registered name (cache/storage.py) or a storage itself. ``max_open_readers``:
-        shard files kept open for reads (default ``open_reader_budget()``)."""
+        shard files kept open for reads (default ``open_reader_budget`` of the setting
+        ``reader_memory_mb``)."""
         self.root = Path(data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.storage = open_storage(storage, root=self.root) if isinstance(storage, str) else storage
@@ -90,7 +99,7 @@ class FeatureStore:
             self._mark_postgres()
         self._record_poolings()
         self._readers: OrderedDict[str, ShardReader] = OrderedDict()
-        self.max_open_readers = max_open_readers or open_reader_budget()
+        self.max_open_readers = max_open_readers or _default_reader_budget()
         self._busy: dict[str, int] = {}  # shard -> reads going through its handle now (never closed)
         self._lock = threading.Lock()
         if clean and self.catalog.dialect == "sqlite":

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import Field, TypeAdapter, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from layerbank.cache.keys import PrecisionChoice
@@ -235,7 +235,11 @@ def setting(name: str) -> Any:
         return field.default
     # the field's type with its constraints (ge=0 ...); built at run time, which mypy cannot follow
     kind: Any = Annotated[field.annotation, *field.metadata]
-    return TypeAdapter(kind).validate_python(raw)
+    try:
+        return TypeAdapter(kind).validate_python(raw)
+    except ValidationError as e:  # name the variable and the setting, not pydantic's type
+        why = "; ".join(err["msg"] for err in e.errors())
+        raise ValueError(f"{env_name(name)}={raw!r} is not a valid {name}: {why}") from None
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -198,6 +198,9 @@ class StandardizedRows:
         self.dtype = np.dtype(dtype)
         self.shape = (X.shape[0] if self.rows is None else len(self.rows), X.shape[1])
         self.chunk_rows = max(1, CHUNK_BYTES // (self.shape[1] * self.dtype.itemsize))
+        # what a fit derives from these rows once (layerbank.linear_probe.whitening's basis), shared
+        # with their subsets (``take``: inner-CV folds), whose rows it describes as well
+        self.derived: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -205,8 +208,10 @@ class StandardizedRows:
     def take(self, idx: np.ndarray) -> StandardizedRows:
         """The rows ``idx`` of these rows (an inner-CV fold), standardised the same way."""
         idx = np.asarray(idx, dtype=np.int64)
-        return StandardizedRows(self.X, idx if self.rows is None else self.rows[idx], self.mean,
-                                self.inv_scale, self.dtype)
+        sub = StandardizedRows(self.X, idx if self.rows is None else self.rows[idx], self.mean,
+                               self.inv_scale, self.dtype)
+        sub.derived = self.derived
+        return sub
 
     def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
         """``(start, raw rows)``: consecutive chunks of the rows, NOT standardised, in ``dtype``.

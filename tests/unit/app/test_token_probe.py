@@ -246,7 +246,7 @@ def test_fits_stopped_at_max_iter_are_warned_about_in_the_result_and_the_table(s
 
     train, valid = splits
     ticks: list[tuple[int, int]] = []
-    result = run_token_probe(train, valid, views=["layer:0", f"layer:{CARRIER}"], max_iter=2, mdl=False,
+    result = run_token_probe(train, valid, views=["layer:0", f"layer:{CARRIER}"], max_iter=1, mdl=False,
                              progress=lambda done, total: ticks.append((done, total)))
     # a tagger and a control head per view, each a tick, after a (0, total) start
     assert ticks == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
@@ -257,15 +257,15 @@ def test_fits_stopped_at_max_iter_are_warned_about_in_the_result_and_the_table(s
     assert mdl_ticks == [(0, 3), (1, 3), (2, 3), (3, 3)]
     assert [r["converged"] for r in result["rows"]] == [False, False]
     assert result["warnings"] == [
-        "layer:0: the tagger stopped at max_iter (2, grown to 8) before converging",
-        "layer:0: the control task's head stopped at max_iter (2, grown to 8) before converging",
-        f"layer:{CARRIER}: the tagger stopped at max_iter (2, grown to 8) before converging",
-        f"layer:{CARRIER}: the control task's head stopped at max_iter (2, grown to 8) before converging"]
+        "layer:0: the tagger stopped at max_iter (1, grown to 4) before converging",
+        "layer:0: the control task's head stopped at max_iter (1, grown to 4) before converging",
+        f"layer:{CARRIER}: the tagger stopped at max_iter (1, grown to 4) before converging",
+        f"layer:{CARRIER}: the control task's head stopped at max_iter (1, grown to 4) before converging"]
     result.update(word_mode="first", n_sentences={"train": 250, "valid": 100})
     table = _token_table(result).splitlines()
     assert table[0].endswith("converged")
     assert table[1].startswith("layer:0") and table[1].endswith("NO (see warnings)")
-    assert table[-1] == f"warning: layer:{CARRIER}: the control task's head stopped at max_iter (2, grown to 8) before converging"
+    assert table[-1] == f"warning: layer:{CARRIER}: the control task's head stopped at max_iter (1, grown to 4) before converging"
 
     settled = run_token_probe(train, valid, views=[f"layer:{CARRIER}"], control_task=False)
     assert settled["warnings"] == [] and settled["rows"][0]["converged"] is True

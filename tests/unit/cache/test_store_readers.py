@@ -137,3 +137,19 @@ def test_threads_reading_past_the_budget_never_quarantine_a_sound_shard(
         assert len(open_shard_files(store)) <= 8
     finally:
         store.close()
+
+
+def test_a_store_opened_without_a_budget_takes_the_reader_memory_setting(tmp_path: Path, monkeypatch) -> None:
+    # a Bank, the CLI and a probe process open their store without max_open_readers: the
+    # operator's LAYERBANK_READER_MEMORY_MB reaches them as it reaches the server and worker
+    monkeypatch.setenv("LAYERBANK_READER_MEMORY_MB", "12")
+    store = FeatureStore(tmp_path / "a")
+    assert store.max_open_readers == 20  # 12 MB at ~0.6 MB a handle
+    store.close()
+    monkeypatch.delenv("LAYERBANK_READER_MEMORY_MB")
+    store = FeatureStore(tmp_path / "b")
+    assert store.max_open_readers == 53  # the declared default, 32 MB
+    store.close()
+    monkeypatch.setenv("LAYERBANK_READER_MEMORY_MB", "lots")
+    with pytest.raises(ValueError, match="reader_memory_mb"):
+        FeatureStore(tmp_path / "c")
