@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # torch loads with the encoder, not with this module: a run w
     # texts are all stored plans and reports without it (app/cli/store_first.py)
     from .encoder import Encoded, Encoder, Tokenized
 
-__all__ = ["TOKEN_PART_BYTES", "ExtractSummary", "Part", "Plan", "Progress", "Stopped", "extract", "plan_parts",
+__all__ = ["TOKEN_PART_BYTES", "ExtractSummary", "Part", "Plan", "Progress", "Stopped", "extract", "plan_parts", "return_freed_heap",
            "token_bound", "token_part_limit"]
 
 
@@ -290,6 +290,8 @@ def _encode_part(encoder: Encoder, texts: list[str], want_tokens: bool, max_toke
         prog.seconds = time.perf_counter() - t0
         if progress:
             progress(prog)
+    if encoder.device.type == "cpu":
+        return_freed_heap()  # the part's batches are gone: what a worker holds between jobs
     dtype = encoder.config.storage_dtype
     return Encoded({name: _storage_rows(arr, dtype) for name, arr in pooled.items()},
                    np.asarray(tok.lengths, dtype=np.int32), np.asarray(tok.truncated, dtype=bool),
@@ -347,11 +349,18 @@ def _return_freed_heap() -> None:
     12% of extraction (16,635 against 18,897 tokens/s, medians of 4 alternating
     rounds, 1,000 AG News texts); once a second, 4%.
     """
-    global _malloc_trim, _last_trim
+    global _last_trim
     now = time.monotonic()
     if now - _last_trim < TRIM_INTERVAL_S:
         return
     _last_trim = now
+    return_freed_heap()
+
+
+def return_freed_heap() -> None:
+    """glibc's ``malloc_trim(0)`` now (nothing elsewhere): at the end of a part, and for a
+    process that goes on without the encoder (``layerbank probe`` fitting after extracting)."""
+    global _malloc_trim
     if _malloc_trim is None:
         try:
             _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
