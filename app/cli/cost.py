@@ -136,5 +136,8 @@ def memory_line(info: Any, n_words: int, threshold: int = 256 * 10**6) -> str | 
     need = word_states_bytes(n_words, int(info["n_hidden_states"]), int(info["hidden_size"]))
     if need < threshold:
         return None
+    # the probe reads one view at a time (app/probes/word_views.py), never all of them
+    one = n_words * int(info["hidden_size"]) * 4
     return (f"memory: {n_words:,} words x {info['n_hidden_states']} hidden states x {info['hidden_size']} "
-            f"float32 = {_size(need)} of word states while the taggers fit")
+            f"= {_size(need)} of word states in float32, read one view at a time: {_size(one)} for a "
+            f"one-layer view, {_size(one * 2)} for concat_last_4 (float16)")

@@ -137,3 +137,13 @@ def test_sentence_probe_announces_its_extraction(tiny_model_dir: str, tmp_path: 
     err = capsys.readouterr().err
     assert re.search(r"^cost: about to encode 40 texts \([\d,]+ tokens\); pooled vectors [\d.,]+ KB on disk; ",
                      err, re.M), err
+
+
+def test_the_memory_line_says_the_probe_reads_one_view_at_a_time():
+    from layerbank.app.cli.cost import memory_line
+
+    # CoNLL-2003 train + valid on MiniLM: the whole [words, 7, 384] is never held
+    line = memory_line({"n_hidden_states": 7, "hidden_size": 384}, 254_983)
+    assert line == ("memory: 254,983 words x 7 hidden states x 384 = 2.7 GB of word states in float32, "
+                    "read one view at a time: 391.7 MB for a one-layer view, 783.3 MB for concat_last_4 (float16)")
+    assert memory_line({"n_hidden_states": 7, "hidden_size": 384}, 1_000) is None  # small: nothing said
