@@ -83,7 +83,7 @@ iterations on some views; the default 200 left 4 of 6 views unconverged,
 when sklearn's fit was restarted, warm, with the budget doubled). The streamed
 fits run whitened (layerbank.linear_probe.whitening): on ``concat_last_4`` the
 tagger now takes 46 steps and its control head 71, where they took 229 and 473,
-to a lower objective; the full default run went from 16.0 to 5.3 minutes. ``converged`` is
+to a lower objective; the full default run went from 16.0 to 5.2 minutes. ``converged`` is
 False when the view's tagger or its control head still stopped at that cap; ``warnings`` says which, one sentence per fit, as the
 sentence probe's result does, so every table can show it. ``progress(done,
 total)`` is called after each fit (a view's tagger, its control head, then

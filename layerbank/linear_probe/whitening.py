@@ -5,8 +5,8 @@ adjacent layers of one residual stream), and L-BFGS on correlated features crawl
 the full CoNLL-2003 training set (203,621 words x 1,536, float16) the tagger took 229
 steps (193 s) and stopped by its tolerance at objective 0.060501. Fitted in whitened
 coordinates it took 46 steps (46 s, 8 s of them for this basis) and reached 0.059419,
-lower; the word-type control head 71 steps (68 s) instead of the 800-step cap
-(``bench/ner_table.py``; docs/probing.md).
+lower; the word-type control head 71 steps (68 s) instead of 473 (419 s), also to a lower
+objective (docs/token-features.md, "the fits run whitened").
 
 How: with the kept dimensions' covariance of the standardised rows ``S = R diag(e) R^T``,
 the fit's variables are ``u`` and the weights ``coef = u M`` with ``M = diag(e)^-1/2 R^T``.
