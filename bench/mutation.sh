@@ -35,10 +35,11 @@ declare -A TESTS=(
   [cache/views.py]="tests/unit/cache/test_views.py"
   [app/api/origin.py]="tests/unit/app/test_origin_guard_asgi.py tests/unit/app/test_origin_guard.py::test_loopback_names tests/unit/app/test_origin_guard.py::test_the_listen_host_is_allowed_unless_it_is_a_wildcard"
   [app/api/catalog_health.py]="tests/unit/app/test_catalog_health.py"
-  # derived files and model identity (issue 25): measured.py's tests are torch-free (1.5 s);
-  # the others load tiny models and export them (20-40 s a mutant: run them one at a time)
+  # derived files and model identity (issue 25): measured.py's tests are torch-free (1.5 s), and
+  # so is test_model_pool_rules.py (0.7 s), run first for the pool; the others load tiny models
+  # and export them (10-20 s a mutant)
   [workers/measured.py]="tests/unit/workers/test_measured.py"
-  [workers/model_pool.py]="tests/unit/workers/test_model_pool.py tests/reliability/test_model_identity.py"
+  [workers/model_pool.py]="tests/unit/workers/test_model_pool_rules.py tests/unit/workers/test_model_pool.py tests/reliability/test_model_identity.py"
   [workers/engines/onnx.py]="tests/unit/workers/test_onnx_engine.py tests/reliability/test_derived_files.py"
   [workers/engines/choice.py]="tests/unit/workers/test_precision_calibration.py tests/reliability/test_derived_files.py"
   # saved heads, costing and the probe job service (issue 25 item 7): bare catalogs and pure
@@ -90,7 +91,7 @@ mutmut_resumable() {  # target runner deadline (epoch seconds, 0 = none)
   for attempt in $(seq 1 20); do
     restore "$target"
     "$MUTMUT" run --paths-to-mutate "$target" --runner "$runner" --tests-dir tests --no-progress \
-      >/dev/null 2>&1 &
+      </dev/null >/dev/null 2>&1 &
     m=$!; idle=0
     while kill -0 "$m" 2>/dev/null; do
       sleep 5
@@ -98,7 +99,10 @@ mutmut_resumable() {  # target runner deadline (epoch seconds, 0 = none)
         kill_tree "$m"; wait "$m" 2>/dev/null || true; restore "$target"
         echo "time is up: $target stopped part-way"; return 0
       fi
-      if pgrep -P "$m" -f "spawn_main|runtests" >/dev/null; then idle=0; else idle=$((idle + 5)); fi
+      # a zombie runtests counts as gone (its parent stopped reaping: seen stuck for 15 minutes)
+      kids=$(pgrep -d, -P "$m" || true)
+      if [ -n "$kids" ] && pgrep -r R,S,D -P "$m" -f "spawn_main|runtests" >/dev/null \
+         && ! pgrep -r Z -P "$kids" -f runtests >/dev/null; then idle=0; else idle=$((idle + 5)); fi
       if [ "$idle" -ge 30 ]; then
         echo "mutmut's worker process is gone (attempt $attempt, at mutant $(sqlite3 .mutmut-cache \
           "select min(id) from Mutant where status='untested'" 2>/dev/null)): resuming"
