@@ -53,7 +53,8 @@ from .precision import (
     speed_warning,
 )
 
-__all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states", "set_threads"]
+__all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "import_model_code", "pool_hidden_states",
+           "set_threads"]
 
 log = logging.getLogger("layerbank.encoder")
 
@@ -306,6 +307,27 @@ def _model_max_length(model: Any, tok: Any) -> int:
     if getattr(model.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and m > 512:
         m -= 2
     return m
+
+
+def import_model_code(name_or_path: str | None) -> None:
+    """Import the transformers code that loading this local model will run (its architecture's
+    modeling module), reading its config.json and nothing else.
+
+    For a BERT that module pulls in torch.distributed and transformers' kernel hub: 2-5 s of
+    imports, the larger part of a worker's start. ``layerbank serve``'s gated worker
+    (app/cli/worker_process.py) runs this while the server checks the data directory, then
+    loads the model. Anything wrong is left for ``Encoder.load`` to report.
+    """
+    try:
+        source = locate_model(name_or_path)
+        if source.directory is None:
+            return  # on the hub: asking for its config would wait on the network
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+        MODEL_MAPPING[type(AutoConfig.from_pretrained(str(source.directory)))]
+    except Exception:  # noqa: BLE001 - remote code, an unknown architecture, bad files: the load says
+        pass
 
 
 def set_threads(n: int | None) -> None:

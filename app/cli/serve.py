@@ -2,10 +2,12 @@
 
 Start-up, in order: refuse a non-loopback host without an API key (unless
 ``--insecure``); take the data directory's lock (a second server on the same
-directory is refused, naming the holder); check the SQLite catalog (``quick_check``,
-beside the imports; damaged pages are rebuilt from the shards, a file that is no
-database is refused); remove what a crash left (``FeatureStore(clean=True)``); bind the socket; start the worker process
-(supervised, restarted if it dies); run uvicorn in this process. The bound
+directory is refused, naming the holder); start the worker process (supervised,
+restarted if it dies), gated: it imports torch meanwhile but waits to load its model
+and open the directory; check the SQLite catalog (``quick_check``, beside the
+imports; damaged pages are rebuilt from the shards, a file that is no database is
+refused); remove what a crash left (``FeatureStore(clean=True)``); bind the socket;
+open the worker's gate; run uvicorn in this process. The bound
 address is printed and written to ``<data-dir>/server.json`` (``--port 0``
 picks a free port).
 
@@ -195,6 +197,24 @@ def run(args: argparse.Namespace) -> int:
         lock.acquire()
     except DataDirBusy as e:
         fail(str(e))
+    from layerbank.app.cli.worker_process import WorkerSupervisor
+
+    fatal: list[int] = []
+    serving: dict[str, Any] = {}  # the uvicorn server and the app, once made
+
+    def on_fatal(rc: int) -> None:
+        fatal.append(rc)
+        if "server" in serving:
+            serving["server"].should_exit = True
+
+    def on_restart(n: int) -> None:
+        state = getattr(getattr(serving.get("app"), "state", None), "layerbank", None)
+        if state is not None:
+            state.worker_restarts = n
+
+    # started now, gated: it imports torch while this process imports its own modules and checks
+    # the data directory, and opens the directory only once the gate is open (worker_process.py)
+    supervisor = WorkerSupervisor(settings, on_fatal=on_fatal, on_restart=on_restart, gated=True).start()
     try:
         check = None if replica else _CatalogCheck(data_dir / "catalog.sqlite")
         if check is not None:
@@ -203,7 +223,6 @@ def run(args: argparse.Namespace) -> int:
 
         from layerbank.app.api.main import create_app
         from layerbank.app.api.slow_clients import server_config
-        from layerbank.app.cli.worker_process import WorkerSupervisor
         from layerbank.cache.store import FeatureStore
 
         level = settings.log_level.upper()
@@ -218,18 +237,10 @@ def run(args: argparse.Namespace) -> int:
         # slow clients cut after the header and body deadlines (app/api/slow_clients.py)
         server = uvicorn.Server(server_config(app, settings, log_level=level.lower(), access_log=False,
                                               timeout_graceful_shutdown=5))
-        fatal: list[int] = []
-
-        def on_fatal(rc: int) -> None:
-            fatal.append(rc)
+        serving.update(server=server, app=app)
+        if fatal:
             server.should_exit = True
-
-        def on_restart(n: int) -> None:
-            state = getattr(app.state, "layerbank", None)
-            if state is not None:
-                state.worker_restarts = n
-
-        supervisor = WorkerSupervisor(settings, on_fatal=on_fatal, on_restart=on_restart).start()
+        supervisor.open_gate()
         # replicas on one directory: the one started last is named (docs/operations.md)
         info_path = data_dir / "server.json"
         info_path.write_text(json.dumps({"url": url, "host": host, "port": port, "pid": os.getpid(),
@@ -239,9 +250,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             server.run(sockets=[sock])
         finally:
-            supervisor.stop()
             _forget_info(info_path)
     finally:
+        supervisor.stop()
         lock.release()
     if fatal:
         print("layerbank: error: the worker could not load the model (its message is above); "

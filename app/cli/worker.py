@@ -43,6 +43,8 @@ def register(sub: Any) -> None:
     add_common_flags(p, several_models=True)
     add_poolings_flag(p)
     add_flag(p, "--parent-pid", type=int, help="exit when this process is gone")
+    # serve's gated start (app/cli/worker_process.py): import, then wait for "go" on stdin
+    p.add_argument("--wait-for-go", action="store_true", help=argparse.SUPPRESS)
     add_setting_flags(p, "part_size", "model_memory_mb", "reader_memory_mb", "max_tokens_per_batch", "lease_seconds",
                       "heartbeat_seconds", "log_level")
     add_backend_flags(p)
@@ -56,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
     from layerbank.workers.worker import Worker, WorkerOptions
 
     set_threads(settings.threads)
+    if args.wait_for_go:
+        from layerbank.workers.encoder import import_model_code
+
+        import_model_code(settings.model)  # its modules load now, not after go
+        if sys.stdin.readline().strip() != "go":
+            return 0  # serve stopped before the data directory was ready: nothing was loaded
     try:
         encoder = Encoder.load(settings.model, **settings.extraction_options(),
                                data_dir=settings.data_dir)

@@ -7,6 +7,16 @@ restarts it when it dies (1 s, doubling to 30 s between tries). Exit status
 ``FATAL_EXIT`` (3) means the model cannot be loaded: restarting would not
 help, so ``serve`` stops with that message instead. Apart from both commands
 (``serve`` and ``worker``) so that neither imports the other.
+
+Gated start (``gated=True``, what ``serve`` uses): the first worker is started
+as soon as ``serve`` holds the data directory's lock, with ``--wait-for-go``.
+It imports torch and transformers (~3 s, the larger part of its start) while
+``serve`` imports its own modules, checks the catalog and removes a crash's
+leftovers, and it touches the data directory only once ``open_gate()`` has
+written ``go`` to its stdin, so nothing it writes can be taken for a leftover
+and it never opens a catalog that is still being checked. A ``serve`` that
+stops before that (a catalog that is no database) closes the pipe: the
+worker reads end-of-file and exits 0 without loading anything.
 """
 
 from __future__ import annotations
@@ -40,8 +50,12 @@ class WorkerSupervisor:
     """Runs the worker process and restarts it when it dies."""
 
     def __init__(self, settings: Settings, *, on_fatal: Callable[[int], None],
-                 on_restart: Callable[[int], None] = lambda n: None) -> None:
+                 on_restart: Callable[[int], None] = lambda n: None, gated: bool = False) -> None:
         self.settings = settings
+        self.gated = gated
+        self._gate = threading.Event()  # set: the worker may open the data directory
+        if not gated:
+            self._gate.set()
         self.on_fatal = on_fatal
         self.on_restart = on_restart
         self.restarts = 0
@@ -53,6 +67,25 @@ class WorkerSupervisor:
         self._thread.start()
         return self
 
+    def open_gate(self) -> None:
+        """The data directory is checked and cleaned: the worker may load its model and use it."""
+        self._gate.set()
+
+    def _let_go(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Wait for the gate, then tell the gated worker to go on; False when stopping first."""
+        while not self._gate.wait(0.05):
+            if self._stopping.is_set():
+                return False
+        if self._stopping.is_set():
+            return False
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(b"go\n")
+            proc.stdin.close()
+        except OSError:  # it died before reading (a broken pipe): its exit status is read next
+            pass
+        return True
+
     def _loop(self) -> None:
         # this thread forks the worker and must outlive it: PR_SET_PDEATHSIG
         # fires when the forking *thread* exits
@@ -62,11 +95,13 @@ class WorkerSupervisor:
         # installed package; PYTHONPATH still applies. multiprocessing's spawned
         # children inherit the flag (subprocess._args_from_interpreter_flags).
         cmd = [sys.executable, "-P", "-m", "layerbank.app.cli.main", "worker",
-               "--parent-pid", str(os.getpid())]
+               "--parent-pid", str(os.getpid())] + (["--wait-for-go"] if self.gated else [])
         while not self._stopping.is_set():
             started = time.monotonic()
-            self.proc = subprocess.Popen(cmd, env=settings_env(self.settings),
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(cmd, env=settings_env(self.settings), preexec_fn=_die_with_parent,
+                                         stdin=subprocess.PIPE if self.gated else None)
+            if self.gated and not self._let_go(self.proc):
+                return  # stopped before the data directory was ready: stop() ends the process
             rc = self.proc.wait()
             if self._stopping.is_set():
                 return
@@ -83,7 +118,13 @@ class WorkerSupervisor:
 
     def stop(self, timeout: float = 25.0) -> None:
         self._stopping.set()
-        proc = self.proc
+        ended = self._end(self.proc, timeout)
+        self._thread.join(timeout=5)
+        if self.proc is not ended:  # started while this stop began (the loop had passed its check)
+            self._end(self.proc, timeout)
+
+    @staticmethod
+    def _end(proc: subprocess.Popen[bytes] | None, timeout: float) -> subprocess.Popen[bytes] | None:
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
@@ -91,5 +132,5 @@ class WorkerSupervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._thread.join(timeout=5)
+        return proc
 

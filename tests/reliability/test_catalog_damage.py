@@ -60,6 +60,7 @@ def test_damaged_pages_then_a_destroyed_header(tiny_server_factory: Callable[...
     texts = phrases(40, 1600)
     want, cached = _rows(server, texts)
     assert cached == [False] * len(texts)
+    assert len(_workers_for(server.data_dir)) == 1  # what the check after the refused start counts
     ds = server.post("/v1/datasets", json={"name": "kept", "texts": texts[:10]}).json()
     assert server.wait_job(ds["job_id"])["state"] == "succeeded"
     catalog = server.data_dir / "catalog.sqlite"
@@ -98,6 +99,7 @@ def test_damaged_pages_then_a_destroyed_header(tiny_server_factory: Callable[...
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert "is not a SQLite database" in lines[0] and "`layerbank repair --data-dir" in lines[0]
+    assert _workers_for(server.data_dir) == [], "the worker started beside the check is ended with it"
 
     rep = _cli("repair", data_dir=server.data_dir)
     assert rep.returncode == 0, rep.stderr
@@ -110,3 +112,17 @@ def test_damaged_pages_then_a_destroyed_header(tiny_server_factory: Callable[...
     got, cached = _rows(server, texts)
     assert cached == [True] * len(texts)
     np.testing.assert_array_equal(got, want)
+
+
+def _workers_for(data_dir: Path) -> list[int]:
+    """Live `layerbank worker` processes whose environment names ``data_dir``."""
+    want = f"LAYERBANK_DATA_DIR={data_dir.resolve()}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"worker" in cmd and want in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids
