@@ -212,6 +212,9 @@ def test_a_pool_that_cannot_load_says_so(tmp_path: Path) -> None:
 def test_loading_registers_logs_and_is_described(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     default, a, b = (model_dir(tmp_path, n, 4 * MiB, seed=i) for i, n in enumerate(["default", "a", "b"]))
     pool, registered = pool_of(default, [a, b])
+    pool.default.name = "the encoder's own name"  # the display name is the one its info gives
+    pool = ModelPool(pool.default, [ServedModel(locate_model(os.fspath(d)), os.fspath(d)) for d in (a, b)],
+                     load=Loader(), on_load=lambda e: registered.append(e.fingerprint))
     fa, fb = (model_fingerprint(os.fspath(d)) for d in (a, b))
     assert pool.describe() == [
         {"name": "default", "path": os.fspath(default), "fingerprint": pool.default.fingerprint,

@@ -100,3 +100,44 @@ def test_an_unreadable_stored_decision_is_measured_again(tmp_path: Path) -> None
     other = measured_choice(tmp_path, "precision", {**key, "cpu": "other"},
                             lambda: {"fp32": 1.0, "bf16": 0.5}, pick_precision)
     assert other.choice == "bf16" and len(list((tmp_path / "measured").iterdir())) == 2
+
+
+def test_the_calibration_batches_are_two_lengths_the_model_takes_one_row_of_each_padded(tiny_encoder) -> None:  # type: ignore[no-untyped-def]
+    """What is timed (docs/precision.md): ~512 tokens at a short and a long length within the
+    model's maximum (64 for the tiny model: 32 and 64), the last row of each shorter."""
+    short, long = choice.sample_batches(tiny_encoder)
+    assert (len(short.input_ids), len(long.input_ids)) == (16, 8)  # 512 // 32, 512 // 64
+    for batch, length in ((short, 32), (long, 64)):
+        *full, padded = batch.lengths
+        # decoded word pieces tokenize again into as many or a few more; the model's 64 cut the rest
+        assert all(length <= n <= min(length + 6, 64) for n in full), (length, batch.lengths)
+        assert (length - 2) * 3 // 4 + 2 <= padded < min(full)
+    again = choice.sample_batches(tiny_encoder)
+    assert again[0].input_ids == short.input_ids and again[1].input_ids == long.input_ids  # seeded
+    assert choice.sample_batches(tiny_encoder, seed=1)[0].input_ids != short.input_ids
+
+
+def test_a_decision_is_kept_per_model_length_and_thread_count(
+        tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stored decision's key: another max length or thread count is another measurement."""
+    import torch
+
+    from layerbank.workers.encoder import Encoder
+
+    calls = _fake_timings(monkeypatch, {"fp32": 1.0, "bf16": 0.5})
+    Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path)
+    Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path)
+    assert len(calls) == 1  # the same machine, model and settings: reused
+    Encoder.load(tiny_model_dir, device="cpu", precision="auto", max_length=16, data_dir=tmp_path)
+    assert len(calls) == 2
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == 3 and len(list((tmp_path / "measured").iterdir())) == 3
+    keys = [json.loads(p.read_text())["payload"]["key"] for p in (tmp_path / "measured").iterdir()]
+    assert all(k["model"].startswith("local:") and k["torch"] == torch.__version__ and k["cpu"] for k in keys)
+    assert sorted(k["max_length"] for k in keys) == ["16", "64", "64"]
+    assert all(k["fp32_engine"] == "torch" for k in keys)
