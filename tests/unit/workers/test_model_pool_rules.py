@@ -197,14 +197,16 @@ def test_the_default_listed_again_among_the_others_is_served_once(tmp_path: Path
     assert [d["path"] for d in pool.describe()] == [os.fspath(default), os.fspath(a)]
 
 
-def test_a_pool_that_cannot_load_says_so(tmp_path: Path) -> None:
+def test_a_pool_that_cannot_load_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     default, a = model_dir(tmp_path, "default", 64), model_dir(tmp_path, "a", 64, seed=1)
     pool = ModelPool(enc_of(default), [locate_model(os.fspath(a))])
     with pytest.raises(UnknownModel, match=r"^model '.*/a' is served but this worker cannot load models$"):
         pool.get(os.fspath(a))
     assert pool.confirm() is False  # nothing to reload with
     rewrite(default, 9)
-    assert pool.confirm() is False and pool.default.fingerprint != model_fingerprint(os.fspath(default))
+    with caplog.at_level(logging.INFO, logger="layerbank.worker"):
+        assert pool.confirm() is False and pool.default.fingerprint != model_fingerprint(os.fspath(default))
+    assert caplog.records == []  # it goes on with the weights it loaded, which are its own
 
 
 # -- loading, the budget, and what is published ------------------------------------------------
@@ -243,8 +245,13 @@ def test_the_least_recent_is_unloaded_when_the_newcomer_would_not_fit(
     pool.get("b")
     assert list(pool.loaded) == [fa, fb] and pool.unloads == 0 and pool.used_bytes == 12 * MiB
     pool.get("a")  # now b is the least recent
+    seen: list[list[str]] = []
+    real = pool._load
+    pool._load = lambda e: (seen.append(list(pool.loaded)), real(e))[1]  # type: ignore[misc,union-attr]
     with caplog.at_level(logging.INFO, logger="layerbank.worker"):
         pool.get("c")
+    assert seen == [[fa]], "b was unloaded before c's weights were read, not after"
+    pool._load = real
     assert list(pool.loaded) == [fa, fc] and pool.unloads == 1
     assert caplog.records[0].name == "layerbank.worker"
     assert caplog.records[0].getMessage() == f"unloaded model {os.fspath(b)} to stay within 12.0 MiB of encoders"
@@ -292,7 +299,7 @@ def test_a_model_whose_files_changed_is_served_under_its_new_fingerprint(
     # changed again: a request made for the first files names where they are now
     rewrite(a, 3)
     newest = model_fingerprint(os.fspath(a))
-    assert pool.confirm() is True
+    assert pool.confirm() is True and pool.unloads == 2  # the second files' weights, loaded, go too
     with pytest.raises(ModelChanged, match=f"is now {newest}\\)"):
         pool.get(old)
     # and restored to the first files: served again under their fingerprint
@@ -306,10 +313,13 @@ def test_models_not_on_local_disk_are_not_confirmed(tmp_path: Path) -> None:
     cached = model_dir(tmp_path, "cached", 64, seed=1)
     hub = ServedModel(ModelSource("org/remote", "org/remote", None), "org/remote")
     from_cache = ServedModel(ModelSource("org/cached", "org/cached", cached, from_hf_cache=True), "org/cached")
-    pool = ModelPool(enc_of(default), [hub, from_cache], load=Loader())
+    local = model_dir(tmp_path, "local", 64, seed=2)
+    pool = ModelPool(enc_of(default), [hub, from_cache, locate_model(os.fspath(local))], load=Loader())
     rewrite(cached, 5)  # a hub id's fingerprint is its name: its files are the hub's revision
     assert pool.confirm() is False
-    assert sorted(pool.entries) == ["hub:org/cached@main", "hub:org/remote@main"]
+    assert sorted(pool.entries)[:2] == ["hub:org/cached@main", "hub:org/remote@main"]
+    rewrite(local, 6)  # a local model listed after them is still confirmed
+    assert pool.confirm() is True and model_fingerprint(os.fspath(local)) in pool.entries
 
 
 def test_a_load_that_finds_other_files_is_described_as_what_it_loaded(tmp_path: Path) -> None:
@@ -347,7 +357,7 @@ def test_the_default_whose_files_changed_is_loaded_again_at_once(
         pool.get(old.fingerprint)
     assert pool.confirm() is False and pool.loads == 1  # loaded once, not at every job
     rewrite(default, 0)  # the first files back: served again, and no longer retired
-    assert pool.confirm() is True and pool.default.fingerprint == old.fingerprint
+    assert pool.confirm() is True and pool.default.fingerprint == old.fingerprint and pool.loads == 2
     assert pool.retired == {new.fingerprint: old.fingerprint}
 
 
