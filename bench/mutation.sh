@@ -40,7 +40,7 @@ declare -A TESTS=(
   # and export them (10-20 s a mutant)
   [workers/measured.py]="tests/unit/workers/test_measured.py"
   [workers/model_pool.py]="tests/unit/workers/test_model_pool_rules.py tests/unit/workers/test_model_pool.py tests/reliability/test_model_identity.py"
-  [workers/engines/onnx.py]="tests/unit/workers/test_onnx_engine.py tests/reliability/test_derived_files.py"
+  [workers/engines/onnx.py]="tests/unit/workers/test_onnx_record.py tests/unit/workers/test_onnx_engine.py tests/reliability/test_derived_files.py"
   [workers/engines/choice.py]="tests/unit/workers/test_precision_calibration.py tests/reliability/test_derived_files.py"
   # saved heads, costing and the probe job service (issue 25 item 7): bare catalogs and pure
   # functions, no app (under 2 s each); the route tests build the app with a tiny model
@@ -100,6 +100,9 @@ mutmut_resumable() {  # target runner deadline (epoch seconds, 0 = none)
         echo "time is up: $target stopped part-way"; return 0
       fi
       # a zombie runtests counts as gone (its parent stopped reaping: seen stuck for 15 minutes)
+      # mutmut's timeout kills the runner's shell, not its pytest: a hung mutant's pytest was
+      # left spinning under init (ppid 1) for minutes, taking a core from the next mutants
+      pkill -P 1 -f "pytest -x -q -p no:cacheprovider -p no:randomly" 2>/dev/null || true
       kids=$(pgrep -d, -P "$m" || true)
       if [ -n "$kids" ] && pgrep -r R,S,D -P "$m" -f "spawn_main|runtests" >/dev/null \
          && ! pgrep -r Z -P "$kids" -f runtests >/dev/null; then idle=0; else idle=$((idle + 5)); fi
