@@ -73,7 +73,12 @@ class Jobs:
         self.queue = queue
         self.calls: list[tuple[Any, ...]] = []
         self.release = threading.Event()
+        self.gates: dict[str, threading.Event] = {}  # a job's payload "gate": released on its own
         self.lock = threading.Lock()
+
+    def gate(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(name, threading.Event())
 
     def __call__(self, data_dir: str, job_id: str, owner: str, lease_s: float, heartbeat_s: float,
                  parent_pid: int) -> str:
@@ -84,7 +89,7 @@ class Jobs:
         assert job is not None
         do = job.payload["do"]
         if do == "block":
-            assert self.release.wait(30)
+            assert (self.gate(job.payload["gate"]) if "gate" in job.payload else self.release).wait(30)
             do = job.payload.get("then", "succeed") if first else "succeed"  # "then": the first run only
         if do == "raise":
             raise RuntimeError("boom")
@@ -108,6 +113,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNam
                         new=lambda: ProbeService(state, pools))  # type: ignore[arg-type]
     yield w
     jobs.release.set()
+    for gate in list(jobs.gates.values()):
+        gate.set()
 
 
 def _until(check: Callable[[], Any], timeout: float = 10) -> Any:
@@ -579,3 +586,101 @@ def test_close_returns_when_a_job_finishing_wakes_the_dispatcher_as_it_is_cancel
         return closed
 
     assert asyncio.run(go()) == list(range(8))
+
+
+def test_a_cancelled_job_ending_before_its_pool_mate_leaves_the_mate_uncounted_and_the_new_pool_alone(
+        world: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    """The order the other test leaves to chance: the cancelled job's end is seen first, while its
+    pool mate still runs in the stopped pool and a later job already has a fresh pool."""
+    caplog.set_level(logging.INFO)
+    world.settings.probe_processes = 3
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def go() -> tuple[str, str, str, str]:
+            svc = world.new()
+            await svc.start()
+            victim = svc.submit("probe", {"do": "block", "gate": "victim", "then": "broken"})
+            mate = svc.submit("probe", {"do": "block", "gate": "mate", "then": "broken"})
+            await _until(lambda: len(world.jobs.calls) == 2)
+            started: Any = __import__("queue").SimpleQueue()
+            started.put((victim, sleeper.pid))
+            svc._started = started
+            world.queue.cancel(victim)
+            await _until(lambda: sleeper.poll() is not None)
+            later = svc.submit("head", {"do": "succeed"})  # into a fresh pool: the first one is stopped
+            await _until(lambda: world.queue.get(later).state == "succeeded")
+            world.jobs.gate("victim").set()
+            await _until(lambda: victim not in svc._running)
+            world.jobs.gate("mate").set()  # now the mate's run breaks, as the stopped pool broke it
+            await _until(lambda: world.queue.get(mate).state == "succeeded")
+            final = svc.submit("head", {"do": "succeed"})
+            await _until(lambda: world.queue.get(final).state == "succeeded")
+            await svc.close()
+            return victim, mate, later, final
+
+        victim, mate, later, final = asyncio.run(go())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert world.queue.get(victim).state == "cancelled"
+    assert world.queue.get(mate).attempts == 1  # its broken run was not counted
+    # one pool stopped for the cancel, one fresh pool for everything after it
+    assert len(world.pools.made) == 2 and world.pools.shut[:1] == world.pools.made[:1]
+    assert world.pools.made[1] not in world.pools.shut[:-1]  # shut only by close, at the end
+    msgs = [r.getMessage() for r in caplog.records]
+    assert f"job {mate}: its pool was stopped to end a cancelled job; requeued" in msgs
+    assert not any(f"job {mate}: its probe process failed" in m for m in msgs)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_failed_dispatch_is_logged_with_its_traceback_and_retried_at_the_next_tick(
+        world: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "layerbank.probes")
+
+    async def go() -> str:
+        svc = world.new()
+        real, failures = svc.claimer.next, [RuntimeError("database is locked")]
+        svc.claimer.next = lambda: real() if not failures else (_ for _ in ()).throw(failures.pop())
+        await svc.start()
+        job = svc.submit("probe", {"do": "succeed"})
+        await _until(lambda: world.queue.get(job).state == "succeeded")
+        await svc.close()
+        return job
+
+    asyncio.run(go())
+    errors = [(r.name, r.getMessage(), r.exc_info is not None) for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [("layerbank.probes", "could not dispatch probe jobs", True)]
+
+
+def test_a_catalog_outage_pauses_the_dispatcher_with_backoff_then_it_runs_what_waited(
+        world: SimpleNamespace, caplog: pytest.LogCaptureFixture) -> None:
+    from layerbank.cache.outage import CatalogUnavailable
+
+    caplog.set_level(logging.INFO, "layerbank.probes")
+
+    async def go() -> tuple[str, list[float]]:
+        svc = world.new()
+        real = svc.claimer.next
+        tries: list[float] = []
+
+        def next_job() -> Any:
+            tries.append(time.monotonic())
+            if len(tries) <= 2:
+                raise CatalogUnavailable("connection refused")
+            return real()
+
+        svc.claimer.next = next_job
+        job = svc.submit("probe", {"do": "succeed"})  # queued before the dispatcher starts: no wake-up after
+        await svc.start()
+        await _until(lambda: world.queue.get(job).state == "succeeded")
+        await svc.close()
+        return job, tries
+
+    _, tries = asyncio.run(go())
+    gaps = [b - a for a, b in zip(tries, tries[1:3])]
+    assert gaps[0] >= 0.45 and gaps[1] >= 0.95, gaps  # 0.5 s, then 1 s (cache/outage.py's backoff)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "layerbank.probes"]
+    assert [m for lvl, m in lines if lvl == "WARNING"] == [
+        "the catalog is unavailable (it cannot be reached: connection refused); waiting for it, "
+        "retrying every 0.5-5 s"]
+    assert any(m.startswith("the catalog answers again after ") for _, m in lines)
