@@ -684,3 +684,68 @@ def test_a_catalog_outage_pauses_the_dispatcher_with_backoff_then_it_runs_what_w
         "the catalog is unavailable (it cannot be reached: connection refused); waiting for it, "
         "retrying every 0.5-5 s"]
     assert any(m.startswith("the catalog answers again after ") for _, m in lines)
+
+
+def test_a_job_its_own_heartbeat_marked_cancelled_still_has_its_process_ended(world: SimpleNamespace) -> None:
+    """The child marks its row cancelled when its heartbeat sees the DELETE, but the solver it
+    runs checks no flag: the process must still be ended."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def go() -> str:
+            svc = world.new()
+            await svc.start()
+            victim = svc.submit("probe", {"do": "block", "then": "broken"})
+            await _until(lambda: len(world.jobs.calls) == 1)
+            started: Any = __import__("queue").SimpleQueue()
+            started.put((victim, sleeper.pid))
+            svc._started = started
+            with world.catalog.tx() as db:  # one step, as run_job's heartbeat leaves the row
+                db.execute("UPDATE jobs SET cancel_requested=1, state='cancelled' WHERE id=?", (victim,))
+            await _until(lambda: sleeper.poll() is not None)
+            world.jobs.release.set()
+            await _until(lambda: not svc._running)
+            await svc.close()
+            return victim
+
+        victim = asyncio.run(go())
+        assert sleeper.returncode == -signal.SIGKILL and world.queue.get(victim).state == "cancelled"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_second_cancel_in_the_stopped_pool_leaves_the_fresh_pool_in_use(world: SimpleNamespace) -> None:
+    world.settings.probe_processes = 3
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        async def go() -> tuple[str, str, str]:
+            svc = world.new()
+            await svc.start()
+            first = svc.submit("probe", {"do": "block", "gate": "first", "then": "broken"})
+            second = svc.submit("probe", {"do": "block", "gate": "second", "then": "broken"})
+            await _until(lambda: len(world.jobs.calls) == 2)
+            started: Any = __import__("queue").SimpleQueue()
+            started.put((first, procs[0].pid))
+            started.put((second, procs[1].pid))
+            svc._started = started
+            world.queue.cancel(first)
+            await _until(lambda: procs[0].poll() is not None)
+            later = svc.submit("head", {"do": "succeed"})  # a fresh pool
+            await _until(lambda: world.queue.get(later).state == "succeeded")
+            world.queue.cancel(second)  # its process was in the pool stopped already
+            await _until(lambda: procs[1].poll() is not None)
+            world.jobs.gate("first").set()
+            world.jobs.gate("second").set()
+            await _until(lambda: not svc._running)
+            final = svc.submit("head", {"do": "succeed"})
+            await _until(lambda: world.queue.get(final).state == "succeeded")
+            await svc.close()
+            return first, second, final
+
+        first, second, final = asyncio.run(go())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [world.queue.get(j).state for j in (first, second, final)] == ["cancelled", "cancelled", "succeeded"]
+    assert len(world.pools.made) == 2  # the later jobs shared the one fresh pool
