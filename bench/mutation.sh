@@ -41,7 +41,7 @@ declare -A TESTS=(
   [workers/measured.py]="tests/unit/workers/test_measured.py"
   [workers/model_pool.py]="tests/unit/workers/test_model_pool_rules.py tests/unit/workers/test_model_pool.py tests/reliability/test_model_identity.py"
   [workers/engines/onnx.py]="tests/unit/workers/test_onnx_record.py tests/unit/workers/test_onnx_engine.py tests/reliability/test_derived_files.py"
-  [workers/engines/choice.py]="tests/unit/workers/test_precision_calibration.py tests/reliability/test_derived_files.py"
+  [workers/engines/choice.py]="tests/unit/workers/test_precision_calibration.py tests/unit/workers/test_engine_choice.py tests/reliability/test_derived_files.py"
   # saved heads, costing and the probe job service (issue 25 item 7): bare catalogs and pure
   # functions, no app (under 2 s each); the route tests build the app with a tiny model
   [app/api/probe_jobs/heads_store.py]="tests/unit/app/test_heads_store.py"
