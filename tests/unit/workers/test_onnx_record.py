@@ -150,3 +150,37 @@ def test_engine_onnx_is_named_in_the_encoders_info(tiny_model_dir: str, tmp_path
     enc = Encoder.load(tiny_model_dir, device="cpu", engine="onnx", data_dir=tmp_path)
     assert enc.info["engine"] == "onnx" and enc.info["engine_choice"] == {"chosen": "onnx", "reason": "asked for"}
     assert choices_line(enc.info) == "engine onnx, precision fp32"
+
+
+def test_a_file_onnx_runtime_cannot_open_is_named_and_exported_again(
+        exported: tuple[Any, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A record that matches the bytes (rewritten to), bytes that are no graph: the session fails."""
+    enc, good = exported
+    path = tmp_path / "engines" / "onnx" / good.name
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a graph at all" * 100)
+    shutil.copy(record_path(good), record_path(path))
+    _rewrite_record(path, file_sha256=onnx_engine._file_sha256(path), file_bytes=path.stat().st_size)
+    with caplog.at_level(logging.INFO, logger="layerbank.engines"):
+        engine = OnnxEngine.open(enc.model, enc.fingerprint, tmp_path)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "layerbank.engines"]
+    assert lines[0][0] == "WARNING" and lines[0][1].startswith(f"cached ONNX export {path} cannot be opened (")
+    assert lines[0][1].endswith("; exporting again")
+    assert lines[1] == ("INFO", f"exporting {enc.fingerprint} to ONNX (once; cached at {path})")
+    assert engine.check_against(enc.model) < 1e-4
+
+
+def test_a_graph_of_another_shape_or_vocabulary_is_refused_in_words(exported: tuple[Any, Path]) -> None:
+    import torch
+    from transformers import BertModel
+
+    enc, path = exported
+    engine = OnnxEngine(onnx_engine._session(path, 1), path)
+    cfg = enc.model.config
+    torch.manual_seed(0)
+    wider = BertModel(type(cfg)(**{**cfg.to_dict(), "hidden_size": 48, "intermediate_size": 40})).eval()
+    with pytest.raises(EngineMismatch, match=f"^ONNX export {path} gives other shapes than torch$"):
+        engine.check_against(wider)
+    bigger = BertModel(type(cfg)(**{**cfg.to_dict(), "vocab_size": cfg.vocab_size + 500})).eval()
+    with pytest.raises(EngineMismatch, match=f"^ONNX export {path} cannot run this model's inputs \\("):
+        engine.check_against(bigger)  # its last ids are past the graph's embedding table
