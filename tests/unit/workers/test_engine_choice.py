@@ -8,6 +8,7 @@ what is stored and shown is checked, and what is not measured is not opened.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,25 @@ def test_a_real_measurement_stores_positive_timings_and_follows_its_ratio(tiny_m
     assert enc.info["engine_choice"]["chosen"] == engine["choice"]
     assert set(precision["figures"]) == {"fp32", "bf16", "bf16_max_rel_l2"}
     assert precision["choice"] == enc.config.precision
+
+
+def test_an_onnx_engine_that_cannot_be_used_stops_when_asked_for_and_falls_back_on_auto(
+        tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from layerbank.workers.encoder import ModelLoadError
+    from layerbank.workers.engines.onnx import EngineMismatch, OnnxEngine
+
+    def refuse(*args: object, **kwargs: object) -> OnnxEngine:
+        raise EngineMismatch("differs by 0.3")
+
+    monkeypatch.setattr(OnnxEngine, "open", refuse)
+    with pytest.raises(ModelLoadError) as e:
+        _load(tiny_model_dir, tmp_path, engine="onnx")
+    assert str(e.value) == f"--engine onnx cannot be used for {tiny_model_dir!r}: differs by 0.3"
+    with caplog.at_level(logging.INFO, logger="layerbank.engines"):
+        enc = _load(tiny_model_dir, tmp_path, engine="auto")
+    warned = [(r.name, r.getMessage()) for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [("layerbank.engines", "engine auto: ONNX Runtime not used (differs by 0.3); running torch")]
+    assert enc.engine is None and enc.info["engine"] == "torch"
+    assert enc.info["engine_choice"] == {"chosen": "torch", "reason": "onnx unavailable: differs by 0.3"}
+    assert choices_line(enc.info) == "engine torch, precision fp32"
