@@ -65,10 +65,7 @@ def test_a_gated_worker_imports_first_and_opens_the_data_directory_after_the_gat
         from layerbank.cache.store import FeatureStore
 
         deadline = time.monotonic() + 120
-        while not (data / "catalog.sqlite").exists():
-            assert sup.proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        store = FeatureStore(data)
+        store = FeatureStore(data, catalog_url=settings.catalog_url)  # SQLite or the PostgreSQL pass's
         try:
             while not JobQueue(store.catalog).live_workers(10.0):
                 assert sup.proc.poll() is None and time.monotonic() < deadline, "the worker never came up"

@@ -132,3 +132,25 @@ def test_an_onnx_engine_that_cannot_be_used_stops_when_asked_for_and_falls_back_
     assert enc.engine is None and enc.info["engine"] == "torch"
     assert enc.info["engine_choice"] == {"chosen": "torch", "reason": "onnx unavailable: differs by 0.3"}
     assert choices_line(enc.info) == "engine torch, precision fp32"
+
+
+def test_bf16_chosen_over_a_faster_engine_runs_on_torch_and_keeps_every_mode(
+        tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    _fake(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.2})
+    with caplog.at_level(logging.INFO, logger="layerbank.engines"):
+        enc = _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
+    assert enc.config.precision == "bf16" and enc.engine is None and enc.info["engine"] == "torch"
+    line = "engine torch (onnx ran 2.00x torch), precision bf16 (bf16 ran 5.00x fp32)"
+    assert choices_line(enc.info) == line
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][-1] == line
+    # every mode the device runs stays known beside auto (the API makes the keys of each from it)
+    assert {"fp32", "bf16", "auto"} <= set(enc.info["precision_modes"]) and enc.info["precision_modes"]["auto"] == "bf16"
+
+
+def test_a_reused_decision_says_stored(tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.95})
+    _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
+    again = _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
+    assert choices_line(again.info) == ("engine onnx (onnx ran 2.00x torch, stored), "
+                                        "precision fp32 (bf16 ran 1.05x fp32, stored)")
