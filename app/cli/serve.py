@@ -238,9 +238,7 @@ def run(args: argparse.Namespace) -> int:
         server = uvicorn.Server(server_config(app, settings, log_level=level.lower(), access_log=False,
                                               timeout_graceful_shutdown=5))
         serving.update(server=server, app=app)
-        if fatal:
-            server.should_exit = True
-        supervisor.open_gate()
+        supervisor.open_gate()  # the model loads after this, so a fatal exit finds the server made
         # replicas on one directory: the one started last is named (docs/operations.md)
         info_path = data_dir / "server.json"
         info_path.write_text(json.dumps({"url": url, "host": host, "port": port, "pid": os.getpid(),
