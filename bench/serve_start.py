@@ -1,7 +1,7 @@
 """``layerbank serve`` start-up against an earlier revision, side by side (issue 28 item 4).
 
-Times, from the process start, when the API answers (``/health``) and when
-``/ready`` says 200 (the worker has loaded its model and registered it), on
+Times, from the process start, when ``serve`` has started its worker process,
+when the API answers (``/health``) and when ``/ready`` says 200 (the worker has loaded its model and registered it), on
 one data directory per side that an untimed first start filled with its
 measured decisions and exports (as a server's second start finds them). The
 two sides alternate, round by round; medians are printed with the ratio.
@@ -46,8 +46,20 @@ def worktree(rev: str, where: Path) -> dict[str, str]:
     return {"PYTHONPATH": f"{shim}:{where}"}
 
 
-def start(data_dir: Path, model: str | None, env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    """Seconds until /health answers and until /ready is 200; the server is stopped after."""
+def _has_child(pid: int) -> bool:
+    """Whether ``pid`` has started a process (serve's worker), from /proc (Linux)."""
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            if f.read_text().strip():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def start(data_dir: Path, model: str | None, env: dict[str, str], cwd: Path) -> tuple[float, float, float]:
+    """Seconds until serve has started its worker (nan off Linux), until /health answers and
+    until /ready is 200; the server is stopped after."""
     (data_dir / "server.json").unlink(missing_ok=True)
     argv = [sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(data_dir), "--port", "0"]
     if model:
@@ -57,10 +69,13 @@ def start(data_dir: Path, model: str | None, env: dict[str, str], cwd: Path) -> 
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     api = ready = 0.0
+    spawned = float("nan")
     try:
         while not ready:
             if proc.poll() is not None or time.perf_counter() - t0 > 300:
                 raise SystemExit(f"serve did not start (status {proc.returncode})")
+            if spawned != spawned and _has_child(proc.pid):  # nan: not seen yet
+                spawned = time.perf_counter() - t0
             try:
                 meta = json.loads((data_dir / "server.json").read_text())
                 base = f"http://127.0.0.1:{meta['port']}"
@@ -74,7 +89,7 @@ def start(data_dir: Path, model: str | None, env: dict[str, str], cwd: Path) -> 
     finally:
         proc.terminate()
         proc.wait(60)
-    return api, ready
+    return spawned, api, ready
 
 
 def main() -> None:
@@ -96,18 +111,19 @@ def main() -> None:
         dirs = {name: work / f"data-{i}" for i, name in enumerate(sides)}
         for name, (env, cwd) in sides.items():  # untimed: measured decisions and exports are made
             start(dirs[name], model, env, cwd)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+        times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
         print(f"serve start-up, {args.rounds} alternating rounds; {os.cpu_count()} CPUs, load "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; model {args.model or 'embedded'}", flush=True)
         for r in range(args.rounds):
             for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                api, ready = start(dirs[name], model, *sides[name])
-                times[name].append((api, ready))
-                print(f"  round {r + 1} {name}: API {api:.2f} s, /ready {ready:.2f} s", flush=True)
-        med = {n: (statistics.median(a for a, _ in t), statistics.median(b for _, b in t)) for n, t in times.items()}
-        for n, (a, b) in med.items():
-            print(f"median {n}: API {a:.2f} s, /ready {b:.2f} s")
-        new, old = med["this tree"][1], med[args.against][1]
+                spawned, api, ready = start(dirs[name], model, *sides[name])
+                times[name].append((spawned, api, ready))
+                print(f"  round {r + 1} {name}: worker started {spawned:.2f} s, API {api:.2f} s, "
+                      f"/ready {ready:.2f} s", flush=True)
+        med = {n: tuple(statistics.median(x[i] for x in t) for i in range(3)) for n, t in times.items()}
+        for n, (w, a, b) in med.items():
+            print(f"median {n}: worker started {w:.2f} s, API {a:.2f} s, /ready {b:.2f} s")
+        new, old = med["this tree"][2], med[args.against][2]
         print(f"/ready: this tree {new:.2f} s vs {args.against} {old:.2f} s ({old / new:.2f}x); load after "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:

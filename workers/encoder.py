@@ -53,7 +53,7 @@ from .precision import (
     speed_warning,
 )
 
-__all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "import_model_code", "pool_hidden_states",
+__all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_states",
            "set_threads"]
 
 log = logging.getLogger("layerbank.encoder")
@@ -104,7 +104,15 @@ class Encoder:
              max_length: int | None = None, storage_dtype: str = "float16",
              truncation_side: str = "right", trust_remote_code: bool = False,
              poolings: str | Sequence[str] = DEFAULT_POOLINGS, engine: str = "torch",
-             data_dir: str | os.PathLike[str] | None = None) -> Encoder:
+             data_dir: str | os.PathLike[str] | None = None, choose: bool = True) -> Encoder:
+        """The model's tokenizer and weights, on its device, with the engine and precision asked for.
+
+        ``engine`` and ``precision`` "auto" are measured here, once per machine, and the
+        decision is stored in ``data_dir`` (engines/choice.py). ``choose=False`` stops
+        before that, on torch at the precision resolved without measuring, and leaves
+        it to ``choose()``: ``layerbank serve``'s gated worker reads its model while the
+        server still checks the data directory, and chooses once it may touch it.
+        """
         from transformers import AutoModel, AutoTokenizer
 
         # a missing path or an unreachable hub fails here in one line, not after the hub's retries
@@ -163,10 +171,14 @@ class Encoder:
         from .regimes.families import layout_summary
 
         enc.info["regimes_layout"] = layout_summary(model)
-        # engine and precision "auto" are measured here, once per machine (stored in data_dir)
+        return enc.choose(engine=engine, precision=precision, data_dir=data_dir) if choose else enc
+
+    def choose(self, *, engine: str, precision: str, data_dir: str | os.PathLike[str] | None) -> Encoder:
+        """This encoder on the engine and at the precision asked for, measuring where they say
+        auto (the decision is read from, or stored in, ``data_dir``)."""
         from .engines.choice import apply_choices
 
-        return apply_choices(enc, engine=engine, precision=precision, data_dir=data_dir)
+        return apply_choices(self, engine=engine, precision=precision, data_dir=data_dir)
 
     def with_precision(self, precision: str) -> Encoder:
         """This encoder computing at another precision: same weights, same
@@ -307,27 +319,6 @@ def _model_max_length(model: Any, tok: Any) -> int:
     if getattr(model.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and m > 512:
         m -= 2
     return m
-
-
-def import_model_code(name_or_path: str | None) -> None:
-    """Import the transformers code that loading this local model will run (its architecture's
-    modeling module), reading its config.json and nothing else.
-
-    For a BERT that module pulls in torch.distributed and transformers' kernel hub: 2-5 s of
-    imports, the larger part of a worker's start. ``layerbank serve``'s gated worker
-    (app/cli/worker_process.py) runs this while the server checks the data directory, then
-    loads the model. Anything wrong is left for ``Encoder.load`` to report.
-    """
-    try:
-        source = locate_model(name_or_path)
-        if source.directory is None:
-            return  # on the hub: asking for its config would wait on the network
-        from transformers import AutoConfig
-        from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-        MODEL_MAPPING[type(AutoConfig.from_pretrained(str(source.directory)))]
-    except Exception:  # noqa: BLE001 - remote code, an unknown architecture, bad files: the load says
-        pass
 
 
 def set_threads(n: int | None) -> None:

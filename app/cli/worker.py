@@ -58,17 +58,25 @@ def run(args: argparse.Namespace) -> int:
     from layerbank.workers.worker import Worker, WorkerOptions
 
     set_threads(settings.threads)
-    if args.wait_for_go:
-        from layerbank.workers.encoder import import_model_code
-
-        import_model_code(settings.model)  # its modules load now, not after go
-        if sys.stdin.readline().strip() != "go":
-            return 0  # serve stopped before the data directory was ready: nothing was loaded
-    try:
-        encoder = Encoder.load(settings.model, **settings.extraction_options(),
-                               data_dir=settings.data_dir)
+    options = settings.extraction_options()
+    encoder, error = None, None
+    try:  # gated: the model's files only, while serve checks the data directory
+        encoder = Encoder.load(settings.model, **options, data_dir=settings.data_dir,
+                               choose=not args.wait_for_go)
     except (ModelLoadError, ValueError) as e:
-        print(f"layerbank worker: error: {e}", file=sys.stderr, flush=True)
+        error = e
+    if args.wait_for_go:
+        # a load that failed is told after the gate too, so serve has its server to stop
+        if sys.stdin.readline().strip() != "go":
+            return 0  # serve stopped before the data directory was ready: nothing was written
+        if encoder is not None:
+            try:  # the measured engine and precision are read from, and stored in, the data directory
+                encoder = encoder.choose(engine=options["engine"], precision=options["precision"],
+                                         data_dir=settings.data_dir)
+            except (ModelLoadError, ValueError) as e:
+                error = e
+    if encoder is None or error is not None:
+        print(f"layerbank worker: error: {error}", file=sys.stderr, flush=True)
         return FATAL_EXIT
     from layerbank.workers.engines.choice import choices_line
 

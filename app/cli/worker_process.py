@@ -10,13 +10,16 @@ help, so ``serve`` stops with that message instead. Apart from both commands
 
 Gated start (``gated=True``, what ``serve`` uses): the first worker is started
 as soon as ``serve`` holds the data directory's lock, with ``--wait-for-go``.
-It imports torch and transformers (~3 s, the larger part of its start) while
-``serve`` imports its own modules, checks the catalog and removes a crash's
-leftovers, and it touches the data directory only once ``open_gate()`` has
-written ``go`` to its stdin, so nothing it writes can be taken for a leftover
-and it never opens a catalog that is still being checked. A ``serve`` that
-stops before that (a catalog that is no database) closes the pipe: the
-worker reads end-of-file and exits 0 without loading anything.
+It imports torch and transformers and reads the model's tokenizer and weights
+(~3-4 s, the larger part of its start) while ``serve`` imports its own
+modules, checks the catalog and removes a crash's leftovers, and it touches
+the data directory (the stored engine and precision decisions, the ONNX
+export, the catalog) only once ``open_gate()`` has written ``go`` to its
+stdin, so nothing it writes can be taken for a leftover and it never opens a
+catalog that is still being checked. A model that cannot be read is reported
+after the gate too (exit ``FATAL_EXIT``), so ``serve`` has a server to stop. A
+``serve`` that stops before the gate (a catalog that is no database) closes
+the pipe: the worker reads end-of-file and exits 0, having written nothing.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """``layerbank serve`` starts its worker gated (app/cli/worker_process.py): the worker
-process imports torch and the model's code while the server checks and cleans the data
-directory, and touches that directory only once the gate opens.
+process imports torch and reads the model's files while the server checks and cleans the
+data directory, and touches that directory only once the gate opens.
 
 Real processes: the supervisor's own worker command on the tiny model. The state waited
 for is the worker's main thread blocked reading its stdin (``/proc/<pid>/syscall``: read,
-fd 0), which it reaches only after its imports.
+fd 0), which it reaches only after its imports and the model's read.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -43,11 +44,12 @@ def _modules_of(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
-def test_a_gated_worker_imports_first_and_opens_the_data_directory_after_the_gate(
+def test_a_gated_worker_reads_its_model_first_and_opens_the_data_directory_after_the_gate(
         tmp_path: Path, tiny_model_dir: str) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    settings = Settings(data_dir=data, model=tiny_model_dir, device="cpu", heartbeat_seconds=0.5,
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    settings = Settings(data_dir=data, model=str(model), device="cpu", heartbeat_seconds=0.5,
                         engine="torch", precision="default")
     fatal: list[int] = []
     sup = WorkerSupervisor(settings, on_fatal=fatal.append, gated=True).start()
@@ -60,6 +62,7 @@ def test_a_gated_worker_imports_first_and_opens_the_data_directory_after_the_gat
         _waiting_for_go(pid)
         assert "libtorch" in _modules_of(pid)  # torch is loaded before the gate
         assert sorted(p.name for p in data.iterdir()) == []  # and nothing is written before it
+        shutil.rmtree(model)  # the model was read before the gate: the worker needs its files no more
         sup.open_gate()
         from layerbank.cache.jobs import JobQueue
         from layerbank.cache.store import FeatureStore
@@ -93,7 +96,7 @@ def test_a_gated_worker_stopped_before_the_gate_leaves_nothing(tmp_path: Path, t
     assert proc.poll() is not None and list(data.iterdir()) == []
 
 
-def test_a_gated_worker_whose_server_is_gone_exits_without_loading(tmp_path: Path, tiny_model_dir: str) -> None:
+def test_a_gated_worker_whose_server_is_gone_exits_without_writing(tmp_path: Path, tiny_model_dir: str) -> None:
     """End of file on stdin (the server died before the gate): exit 0, nothing written."""
     data = tmp_path / "data"
     data.mkdir()
@@ -111,3 +114,30 @@ def test_a_gated_worker_whose_server_is_gone_exits_without_loading(tmp_path: Pat
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_gated_worker_whose_model_cannot_load_says_so_after_the_gate(tmp_path: Path) -> None:
+    """A model that cannot be read fails before the gate but is reported after it, so serve
+    has made the server that its fatal exit stops."""
+    data = tmp_path / "data"
+    data.mkdir()
+    settings = Settings(data_dir=data, model=str(tmp_path / "no-such-model"), device="cpu")
+    fatal: list[int] = []
+    sup = WorkerSupervisor(settings, on_fatal=fatal.append, gated=True).start()
+    try:
+        deadline = time.monotonic() + 30
+        while sup.proc is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc = sup.proc
+        _waiting_for_go(proc.pid)  # still waiting, with the error in hand
+        assert fatal == [] and list(data.iterdir()) == []
+        sup.open_gate()
+        assert proc.wait(60) == 3  # FATAL_EXIT: serve stops rather than restarting into it
+        deadline = time.monotonic() + 10
+        while not fatal:
+            assert time.monotonic() < deadline, "the supervisor never reported the fatal exit"
+            time.sleep(0.01)
+        assert fatal == [3] and sup.restarts == 0
+    finally:
+        sup.stop()

@@ -18,23 +18,13 @@ pytest.importorskip("onnxruntime")
 
 from layerbank.workers.engines import choice  # noqa: E402
 from layerbank.workers.engines.choice import choices_line  # noqa: E402
+from tests.engine_timings import fake_timings  # noqa: E402
 
 
 def _load(tiny_model_dir: str, data_dir: Path, **kw: Any) -> Any:
     from layerbank.workers.encoder import Encoder
 
     return Encoder.load(tiny_model_dir, device="cpu", data_dir=data_dir, **kw)
-
-
-def _fake(monkeypatch: pytest.MonkeyPatch, figures: dict[str, float]) -> list[tuple[str, ...]]:
-    calls: list[tuple[str, ...]] = []
-
-    def fake(runs: dict[str, Any], rounds: int = 3) -> dict[str, float]:
-        calls.append(tuple(runs))
-        return {name: figures[name] for name in runs}
-
-    monkeypatch.setattr(choice, "time_alternating", fake)
-    return calls
 
 
 def _stored(data_dir: Path, kind: str) -> dict[str, Any]:
@@ -68,7 +58,7 @@ def test_another_engine_is_only_for_fp32_on_a_cpu(tiny_model_dir: str, tmp_path:
 
 def test_engine_auto_reports_what_it_measured_and_keys_the_precision_by_that_engine(
         tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.95})
+    fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.95})
     enc = _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
     got = enc.info["engine_choice"]
     assert got["reason"] == "measured: onnx / torch speed" and got["chosen"] == "onnx"
@@ -82,7 +72,7 @@ def test_bf16_past_the_accuracy_bound_is_not_chosen_however_fast(
         tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rows' relative L2 difference is measured on the calibration batches and stored; past
     BF16_MAX_REL_L2 fp32 is kept (docs/precision.md, "Tolerance")."""
-    _fake(monkeypatch, {"fp32": 1.0, "bf16": 0.2})
+    fake_timings(monkeypatch, {"fp32": 1.0, "bf16": 0.2})
     fast = _load(tiny_model_dir, tmp_path / "a", precision="auto")
     worst = _stored(tmp_path / "a", "precision")["figures"]["bf16_max_rel_l2"]
     import numpy as np
@@ -137,7 +127,7 @@ def test_an_onnx_engine_that_cannot_be_used_stops_when_asked_for_and_falls_back_
 def test_bf16_chosen_over_a_faster_engine_runs_on_torch_and_keeps_every_mode(
         tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    _fake(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.2})
+    fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.2})
     with caplog.at_level(logging.INFO, logger="layerbank.engines"):
         enc = _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
     assert enc.config.precision == "bf16" and enc.engine is None and enc.info["engine"] == "torch"
@@ -149,7 +139,7 @@ def test_bf16_chosen_over_a_faster_engine_runs_on_torch_and_keeps_every_mode(
 
 
 def test_a_reused_decision_says_stored(tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.95})
+    fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 1.0, "bf16": 0.95})
     _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
     again = _load(tiny_model_dir, tmp_path, engine="auto", precision="auto")
     assert choices_line(again.info) == ("engine onnx (onnx ran 2.00x torch, stored), "

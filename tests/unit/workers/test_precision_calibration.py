@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from layerbank.workers.engines import choice
 from layerbank.workers.engines.choice import pick_engine, pick_precision
 from layerbank.workers.measured import measured_choice
+from tests.engine_timings import fake_timings
 
 
 def test_the_faster_precision_wins_only_by_a_clear_margin_and_within_tolerance() -> None:
@@ -27,7 +27,6 @@ def test_the_faster_precision_wins_only_by_a_clear_margin_and_within_tolerance()
     assert pick_engine({"torch": 1.0, "onnx": 1.2})[0] == "torch"
 
 
-
 def test_each_margin_decides_at_its_documented_value_exactly() -> None:
     # at the margin the faster one is taken, a hair under it is not (docs/precision.md: onnx
     # at 1.05x, bf16 at 1.10x and within 2% relative L2); >= against > is one character
@@ -38,22 +37,12 @@ def test_each_margin_decides_at_its_documented_value_exactly() -> None:
     assert pick_precision({"fp32": 2.0, "bf16": 1.0, "bf16_max_rel_l2": 0.02})[0] == "bf16"
     assert pick_precision({"fp32": 2.0, "bf16": 1.0, "bf16_max_rel_l2": 0.0201})[0] == "fp32"
 
-def _fake_timings(monkeypatch: pytest.MonkeyPatch, figures: dict[str, float]) -> list[tuple[str, ...]]:
-    calls: list[tuple[str, ...]] = []
-
-    def fake(runs: dict[str, Any], rounds: int = 3) -> dict[str, float]:
-        calls.append(tuple(runs))
-        return {name: figures[name] for name in runs}
-
-    monkeypatch.setattr(choice, "time_alternating", fake)
-    return calls
-
 
 def test_auto_follows_the_measurement_and_the_next_start_reuses_it(
         tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from layerbank.workers.encoder import Encoder
 
-    calls = _fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 0.5, "bf16": 0.2})
+    calls = fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 0.5, "bf16": 0.2})
     enc = Encoder.load(tiny_model_dir, device="cpu", precision="auto", engine="auto", data_dir=tmp_path)
     assert calls == [("torch", "onnx"), ("fp32", "bf16")]
     assert enc.config.precision == "bf16" and enc.engine is None  # bf16 runs on torch
@@ -68,7 +57,7 @@ def test_auto_follows_the_measurement_and_the_next_start_reuses_it(
 
     # the next start: other timings would now say fp32, but nothing is measured again
     calls.clear()
-    _fake_timings(monkeypatch, {"torch": 1.0, "onnx": 2.0, "fp32": 0.2, "bf16": 1.0})
+    fake_timings(monkeypatch, {"torch": 1.0, "onnx": 2.0, "fp32": 0.2, "bf16": 1.0})
     again = Encoder.load(tiny_model_dir, device="cpu", precision="auto", engine="auto", data_dir=tmp_path)
     assert calls == []
     assert again.config.precision == "bf16"
@@ -81,7 +70,7 @@ def test_slower_bf16_keeps_fp32_on_the_faster_engine(
     from layerbank.workers.encoder import Encoder
     from layerbank.workers.engines.choice import choices_line
 
-    _fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 0.5, "bf16": 0.735})
+    fake_timings(monkeypatch, {"torch": 1.0, "onnx": 0.5, "fp32": 0.5, "bf16": 0.735})
     enc = Encoder.load(tiny_model_dir, device="cpu", precision="auto", engine="auto", data_dir=tmp_path)
     assert enc.config.precision == "fp32" and enc.info["engine"] == "onnx"
     assert enc.info["precision_modes"]["auto"] == "fp32"
@@ -124,7 +113,7 @@ def test_a_decision_is_kept_per_model_length_and_thread_count(
 
     from layerbank.workers.encoder import Encoder
 
-    calls = _fake_timings(monkeypatch, {"fp32": 1.0, "bf16": 0.5})
+    calls = fake_timings(monkeypatch, {"fp32": 1.0, "bf16": 0.5})
     Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path)
     Encoder.load(tiny_model_dir, device="cpu", precision="auto", data_dir=tmp_path)
     assert len(calls) == 1  # the same machine, model and settings: reused
