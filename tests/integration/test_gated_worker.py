@@ -40,6 +40,15 @@ def _waiting_for_go(pid: int, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _started(sup: WorkerSupervisor) -> subprocess.Popen[bytes]:
+    """The supervisor's worker process, once its thread has started it."""
+    deadline = time.monotonic() + 30
+    while sup.proc is None:
+        assert time.monotonic() < deadline, "the supervisor never started its worker"
+        time.sleep(0.01)
+    return sup.proc
+
+
 def _modules_of(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
@@ -54,11 +63,7 @@ def test_a_gated_worker_reads_its_model_first_and_opens_the_data_directory_after
     fatal: list[int] = []
     sup = WorkerSupervisor(settings, on_fatal=fatal.append, gated=True).start()
     try:
-        deadline = time.monotonic() + 30
-        while sup.proc is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        pid = sup.proc.pid
+        pid = _started(sup).pid
         _waiting_for_go(pid)
         assert "libtorch" in _modules_of(pid)  # torch is loaded before the gate
         assert sorted(p.name for p in data.iterdir()) == []  # and nothing is written before it
@@ -86,11 +91,7 @@ def test_a_gated_worker_stopped_before_the_gate_leaves_nothing(tmp_path: Path, t
     data.mkdir()
     settings = Settings(data_dir=data, model=tiny_model_dir, device="cpu")
     sup = WorkerSupervisor(settings, on_fatal=lambda rc: None, gated=True).start()
-    deadline = time.monotonic() + 30
-    while sup.proc is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    proc = sup.proc
+    proc = _started(sup)
     _waiting_for_go(proc.pid)
     sup.stop()  # serve failing its checks (a catalog that is no database) does this
     assert proc.poll() is not None and list(data.iterdir()) == []
@@ -125,11 +126,7 @@ def test_a_gated_worker_whose_model_cannot_load_says_so_after_the_gate(tmp_path:
     fatal: list[int] = []
     sup = WorkerSupervisor(settings, on_fatal=fatal.append, gated=True).start()
     try:
-        deadline = time.monotonic() + 30
-        while sup.proc is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proc = sup.proc
+        proc = _started(sup)
         _waiting_for_go(proc.pid)  # still waiting, with the error in hand
         assert fatal == [] and list(data.iterdir()) == []
         sup.open_gate()
