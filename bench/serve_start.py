@@ -1,9 +1,10 @@
 """``layerbank serve`` start-up against an earlier revision, side by side (issue 28 item 4).
 
 Times, from the process start, when ``serve`` has started its worker process,
-when the API answers (``/health``) and when ``/ready`` says 200 (the worker has loaded its model and registered it), on
-one data directory per side that an untimed first start filled with its
-measured decisions and exports (as a server's second start finds them). The
+when the API answers (``/health``) and when ``/ready`` says 200 (the worker has
+loaded its model and registered it), on one data directory per side that an
+untimed first start filled with its measured decisions and exports (as a
+server's second start finds them). The
 two sides alternate, round by round; medians are printed with the ratio.
 
 The earlier revision runs from a ``git worktree`` of it with this checkout's
