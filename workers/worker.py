@@ -199,12 +199,11 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 job = claimer.next()
+                self._outage.over()  # the catalog answered: logged before the job runs, not after it
                 if job is not None:
                     self.run_job(job)
                     last_work = time.monotonic()
-                    self._outage.over()
                     continue
-                self._outage.over()
                 now = time.monotonic()
                 if now - last_work > self.options.compact_after_idle_s and now - last_compact > 30.0:
                     last_compact = now

@@ -250,6 +250,9 @@ class ProbeService:
             # in a thread: a catalog that does not answer must not stall the event loop (and
             # every request with it) for the pool's timeout
             job = await asyncio.to_thread(self.claimer.next)
+            # the catalog answered: say so now, before the job can start (and end), not after
+            # this loop, which a close() may cancel first
+            self._outage.over()
             if job is None:
                 return
             if self._executor is None:

@@ -683,7 +683,10 @@ def test_a_catalog_outage_pauses_the_dispatcher_with_backoff_then_it_runs_what_w
     assert [m for lvl, m in lines if lvl == "WARNING"] == [
         "the catalog is unavailable (it cannot be reached: connection refused); waiting for it, "
         "retrying every 0.5-5 s"]
-    assert any(m.startswith("the catalog answers again after ") for _, m in lines)
+    infos = [m for lvl, m in lines if lvl == "INFO"]
+    back = [i for i, m in enumerate(infos) if m.startswith("the catalog answers again after ")]
+    started = [i for i, m in enumerate(infos) if m.endswith("(probe) started")]
+    assert len(back) == 1 and len(started) == 1 and back[0] < started[0], infos
 
 
 def test_a_job_its_own_heartbeat_marked_cancelled_still_has_its_process_ended(world: SimpleNamespace) -> None:
