@@ -4,7 +4,7 @@ One Ray instance serves the whole module (starting Ray costs seconds on
 2 cores). What a user would check:
 - Ray stores exactly the shards, keys and numbers the embedded backend does;
 - an actor that dies mid-batch is replaced and the job still stores every
-  text exactly once;
+  text exactly once, and what a lost attempt left on disk is removed at the job's end;
 - a job stopped half way (its driver gone) is resubmitted and leaves the
   parts already committed untouched;
 - a worker whose backend is Ray runs dataset jobs there, records their
@@ -185,6 +185,29 @@ def test_resubmitted_job_skips_committed_parts(tiny_model_dir: str, tmp_path: Pa
     assert {n: (os.stat(store.shard_dir / n).st_ino, os.stat(store.shard_dir / n).st_mtime_ns)
             for n in first} == before
     assert_stored_once(store, summary.keys)
+
+
+def test_what_lost_attempts_left_is_removed_once_every_part_is_committed(
+        tiny_model_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The files an attempt leaves when its actor is lost mid-write (cut off in its private
+    temp name, or whole but never renamed onto the shard's) go at the job's end; another
+    job's, which may still be writing, stay."""
+    texts = sst2_texts(60, seed=5)
+    enc = Encoder.load(tiny_model_dir, device="cpu")
+    store = FeatureStore(tmp_path / "data")
+    cut = store.shard_dir / "w1-00001.0123456789ab.h5.tmp"
+    cut.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 500)  # the first bytes of an HDF5 file
+    unrenamed = store.shard_dir / "w1-00003.89abcdef0123.h5"
+    unrenamed.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 500)
+    other = store.shard_dir / "w10-00001.0123456789ab.h5.tmp"
+    other.write_bytes(b"another job's write in progress")
+    caplog.set_level("INFO", logger="layerbank.ray")
+    summary = extract_with_ray(texts, store, enc, job_id="w1", part_size=20, max_tokens=512,
+                               actors=1, threads=1)
+    assert summary.shards_written == 4
+    assert store.catalog.shard_names() == {f"w1-0000{i}.h5" for i in range(4)}
+    assert shard_files(store) == store.catalog.shard_names() | {other.name}
+    assert "job w1: removed 2 files that lost parts' attempts left" in [r.getMessage() for r in caplog.records]
 
 
 def test_worker_runs_dataset_jobs_on_ray(tiny_model_dir: str, tmp_path: Path) -> None:

@@ -18,7 +18,9 @@ stays on the API host.
 Failure semantics (see docs/operations.md): the pool replaces a dead actor
 and re-queues its parts; the retry writes the same shard name, so a key is
 never stored twice. A part whose shard was written but not committed is
-written again by the next run and its file replaced. Ray is imported
+written again by the next run and its file replaced. Once every part is
+committed, the files a lost attempt left (named after its part, cut off
+mid-write) are removed. Ray is imported
 lazily: without the extra, calling this says ``pip install 'layerbank[ray]'``.
 
 Example::
@@ -177,6 +179,8 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                     progress(prog)
             log.info("job %s: %d parts encoded by Ray actor pids %s", job_id, len(todo),
                      ",".join(map(str, sorted(pids))))
+            if lost := _remove_lost_attempts(store, [t["name"] for t in todo]):
+                log.info("job %s: removed %d files that lost parts' attempts left", job_id, lost)
         finally:
             if own:
                 pool.close()
@@ -184,6 +188,21 @@ def extract_with_ray(texts: Sequence[str], store: FeatureStore, encoder: Encoder
                 require_ray().shutdown()
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def _remove_lost_attempts(store: FeatureStore, parts: list[str]) -> int:
+    """Every one of ``parts`` is committed: a file named after one, other than its shard,
+    is what an attempt whose actor was lost (killed, its node removed) left, cut off in
+    its private temp write. Removed now, not at the worker's next start: a long-lived
+    worker would keep them until then. (An actor that outlives even this, on a
+    partitioned node, leaves a file that start removes: cache/leftovers.py.)"""
+    prefixes = tuple(f"{p}." for p in parts)
+    shards = {f"{p}.h5" for p in parts}
+    removed = 0
+    for s in store.storage.list(temp=True):
+        if s.name.startswith(prefixes) and s.name not in shards and store.storage.delete(s.name):
+            removed += 1
+    return removed
 
 
 def _commit(store: FeatureStore, meta: dict[str, Any], expected: dict[str, list[str]],
