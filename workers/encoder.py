@@ -36,19 +36,26 @@ import torch
 from layerbank.cache.fingerprint import model_fingerprint
 from layerbank.cache.keys import ExtractionConfig
 from layerbank.cache.poolings import DEFAULT_POOLINGS, parse_poolings
-from layerbank.cache.sentence_recipe import read_recipe
 from layerbank.cache.shard import TokenRows
 
+from .deferred_model import DeferredModel
 from .long_texts import head_for_tokens
-from .model_pool import own_weights
+from .model_reading import (
+    TORCH_FACTS,
+    encoder_info,
+    extraction_config,
+    model_files,
+    model_max_length,
+    read_model,
+    read_tokenizer,
+)
 
 # defined without torch, so the command line can fail on a missing model before importing torch
-from .model_source import ModelLoadError, locate_model, recipe_directory
+from .model_source import ModelLoadError, locate_model
 from .pooling import pool_hidden_states
 from .precision import (
     autocast_dtype,
     cast_linear_weights_once,
-    precision_table,
     resolve_precision,
     speed_warning,
 )
@@ -57,6 +64,7 @@ __all__ = ["Encoded", "Encoder", "ModelLoadError", "Tokenized", "pool_hidden_sta
            "set_threads"]
 
 log = logging.getLogger("layerbank.encoder")
+
 
 
 
@@ -113,65 +121,55 @@ class Encoder:
         it to ``choose()``: ``layerbank serve``'s gated worker reads its model while the
         server still checks the data directory, and chooses once it may touch it.
         """
-        from transformers import AutoModel, AutoTokenizer
-
         # a missing path or an unreachable hub fails here in one line, not after the hub's retries
         source = locate_model(name_or_path)
         name = source.name
         fingerprint = model_fingerprint(str(name))  # of the files as they are now, confirmed below
         dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                            else ("cpu" if device == "auto" else device))
-        try:
-            # found in the local Hugging Face cache: read its snapshot directory, so nothing
-            # asks the hub (local_files_only still let a lookup of adapter_config.json retry
-            # for 31 s with the hub unreachable); the fingerprint stays the hub id's
-            files = str(source.directory) if source.from_hf_cache else name
-            tok = AutoTokenizer.from_pretrained(files, use_fast=True, trust_remote_code=trust_remote_code)
-            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-            if dev.type == "cuda":
-                kwargs["attn_implementation"] = "sdpa"
-            model = AutoModel.from_pretrained(files, **kwargs)
-        except (OSError, ValueError, KeyError) as e:
-            raise ModelLoadError(f"cannot load model {name!r}: {e}") from e
-        if not getattr(tok, "is_fast", False):
-            raise ModelLoadError(f"model {name!r} has no fast tokenizer; layerbank needs one "
-                                 "for character offsets and word ids (give a directory with its "
-                                 "tokenizer.json, or install sentencepiece so transformers can "
-                                 "convert it)")
-        model.eval().requires_grad_(False).to(dev)
-        if dev.type == "cpu":  # loaded weights are a view of the mapped file: own them (model_pool.py)
-            own_weights(model)
-        if model_fingerprint(str(name)) != fingerprint:  # rewritten while it loaded: which weights?
-            raise ModelLoadError(f"cannot load model {name!r}: its files changed while it loaded; load it again")
-        model_max = _model_max_length(model, tok)
-        cfg = ExtractionConfig(max_length=min(max_length or model_max, model_max),
-                               truncation_side=truncation_side, storage_dtype=storage_dtype,
-                               precision=resolve_precision(precision, dev))
+        if choose and data_dir is not None and engine != "torch" and dev.type == "cpu" and not trust_remote_code:
+            from .quick_start import quick_start  # the export checked at an earlier start
+
+            quick = quick_start(source, fingerprint, precision=precision, max_length=max_length,
+                                storage_dtype=storage_dtype, truncation_side=truncation_side,
+                                poolings=poolings, engine=engine, data_dir=data_dir,
+                                described=name_or_path is not None)
+            if quick is not None:
+                return cls(quick.model, quick.tokenizer, str(name), fingerprint, quick.config, dev, quick.info,
+                           poolings=parse_poolings(poolings), engine=quick.engine)
+        files = model_files(source)
+        tok = read_tokenizer(files, name, trust_remote_code)
+        model = read_model(files, name, fingerprint, dev, trust_remote_code)
+        model_max = model_max_length(model, tok)
+        cfg = extraction_config(max_length, model_max, truncation_side, storage_dtype,
+                                resolve_precision(precision, dev))
         if (slow := speed_warning(cfg.precision, dev)) is not None:
             log.warning(slow)
         tok.truncation_side = truncation_side
-        n_params = sum(p.numel() for p in model.parameters())
-        n_bias = sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))
-        n_layers = int(model.config.num_hidden_layers)
-        info = {"name": name if name_or_path else "all-MiniLM-L6-v2 (embedded)", "path": str(name),
-                "num_layers": n_layers, "n_hidden_states": n_layers + 1,
-                "hidden_size": int(model.config.hidden_size), "n_params": int(n_params),
-                "n_bias_params": int(n_bias), "max_length": cfg.max_length,
-                # with precision_modes, lets a reader make the keys of any setting without torch
-                "model_max_length": model_max,
-                "architecture": type(model).__name__, "device": dev.type, "precision": cfg.precision,
-                "precision_modes": precision_table(dev), "storage_dtype": storage_dtype,
-                "poolings": list(parse_poolings(poolings)),
-                # what /v1/embeddings answers by default (layerbank.cache.sentence_recipe)
-                "sentence_recipe": read_recipe(recipe_directory(source))}
-        enc = cls(model, tok, str(name), fingerprint, cfg, dev, info,
-                  poolings=parse_poolings(poolings))
         # where the regimes find its layers and projections: the HTTP layer (no torch) refuses
         # a regime that cannot run on it before queuing (workers/regimes/families.py)
         from .regimes.families import layout_summary
 
-        enc.info["regimes_layout"] = layout_summary(model)
+        facts = {"num_layers": int(model.config.num_hidden_layers),
+                 "n_hidden_states": int(model.config.num_hidden_layers) + 1,
+                 "hidden_size": int(model.config.hidden_size),
+                 "n_params": int(sum(p.numel() for p in model.parameters())),
+                 "n_bias_params": int(sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))),
+                 # with precision_modes, lets a reader make the keys of any setting without torch
+                 "model_max_length": model_max, "architecture": type(model).__name__,
+                 "regimes_layout": layout_summary(model)}
+        info = encoder_info(source, facts, cfg, dev, storage_dtype, poolings, described=name_or_path is not None)
+        enc = cls(model, tok, str(name), fingerprint, cfg, dev, info, poolings=parse_poolings(poolings))
         return enc.choose(engine=engine, precision=precision, data_dir=data_dir) if choose else enc
+
+    def torch_model(self) -> Any:
+        """The torch model itself, read from its files now if this encoder started without it
+        (on a checked ONNX export: workers/quick_start.py)."""
+        return self.model.get() if isinstance(self.model, DeferredModel) else self.model
+
+    def torch_facts(self) -> dict[str, Any]:
+        """What this encoder knows of its model from the torch weights (kept with an ONNX check)."""
+        return {k: self.info[k] for k in TORCH_FACTS if k in self.info}
 
     def choose(self, *, engine: str, precision: str, data_dir: str | os.PathLike[str] | None) -> Encoder:
         """This encoder on the engine and at the precision asked for, measuring where they say
@@ -252,7 +250,7 @@ class Encoder:
         if dtype is None:
             return contextlib.nullcontext()
         if self.engine is None:  # Linear weights cast once, not in every pass (precision.py)
-            cast_linear_weights_once(self.model)
+            cast_linear_weights_once(self.torch_model())
         return torch.autocast(self.device.type, dtype=dtype)
 
     @torch.inference_mode()
@@ -289,7 +287,7 @@ class Encoder:
         if self.engine is not None:
             return self.engine.hidden_states(ids, mask)  # type: ignore[no-any-return]  # engines are typed Any
         # transformers' model outputs are untyped (ModelOutput fields are Any)
-        out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        out = self.torch_model()(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         return out.hidden_states  # type: ignore[no-any-return]  # ModelOutput fields are Any
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
@@ -305,20 +303,6 @@ class Encoder:
         host.copy_(x, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
         return host.numpy()
-
-
-def _model_max_length(model: Any, tok: Any) -> int:
-    """The longest input the model can take (position embeddings, tokenizer)."""
-    candidates = [getattr(model.config, "max_position_embeddings", None)]
-    tmax = getattr(tok, "model_max_length", None)
-    if tmax and tmax < 1_000_000:
-        candidates.append(tmax)
-    vals = [int(c) for c in candidates if c]
-    m = min(vals) if vals else 512
-    # RoBERTa-style models reserve two positions for the padding offset
-    if getattr(model.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and m > 512:
-        m -= 2
-    return m
 
 
 def set_threads(n: int | None) -> None:

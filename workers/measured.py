@@ -44,7 +44,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["CHOICES", "Measured", "cpu_model", "measured_choice", "temp_name", "time_alternating"]
+__all__ = ["CHOICES", "Measured", "cpu_model", "measured_choice", "stored_choice", "temp_name",
+           "time_alternating"]
 
 log = logging.getLogger("layerbank.measured")
 
@@ -199,6 +200,11 @@ def measured_choice(directory: str | os.PathLike[str] | None, kind: str, key: Ma
         except OSError:
             pass  # a read-only data directory: the choice still holds for this process
     return fresh
+
+
+def stored_choice(directory: str | os.PathLike[str], kind: str, key: Mapping[str, str]) -> Measured | None:
+    """The verified decision stored for ``(kind, key)``, without measuring; None when there is none."""
+    return _read(_path(Path(directory), kind, key), kind, key)
 
 
 def time_alternating(runs: Mapping[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:

@@ -44,6 +44,7 @@ from typing import Any
 
 from layerbank.cache.fingerprint import model_fingerprint
 
+from .deferred_model import DeferredModel
 from .model_source import ModelSource, locate_model
 
 __all__ = ["ModelChanged", "ModelPool", "ServedModel", "UnknownModel", "default_budget_bytes",
@@ -113,6 +114,8 @@ def encoder_bytes(encoder: Any) -> int:
     """Memory an encoder's weights take: parameters and buffers, twice with a second engine
     (ONNX Runtime holds its own copy of the weights)."""
     model = encoder.model
+    if isinstance(model, DeferredModel) and not model.loaded:  # only the ONNX Runtime copy so far
+        return int(model.nbytes)
     n = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     return n * (2 if getattr(encoder, "engine", None) is not None else 1)
 

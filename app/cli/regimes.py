@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
         ex = sf.extractor()  # fine-tuning needs the weights: they load whatever is stored
         try:  # a model whose layers or projections cannot be found: one line, before any work
-            require(describe(ex.encoder.model), regimes, name=repr(ex.encoder.name))
+            require(describe(ex.encoder.torch_model()), regimes, name=repr(ex.encoder.name))
         except UnmappableModel as e:
             fail(str(e))
         # the frozen regime's features: the stored mean states, the misses extracted first

@@ -55,21 +55,32 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     logging.getLogger("layerbank").setLevel(settings.log_level.upper())
     from layerbank.workers.encoder import Encoder, ModelLoadError, set_threads
+    from layerbank.workers.quick_start import may_start_quickly
     from layerbank.workers.worker import Worker, WorkerOptions
 
     set_threads(settings.threads)
     options = settings.extraction_options()
     encoder, error = None, None
+    # a start on the ONNX export an earlier start checked reads no weights (workers/quick_start.py):
+    # then nothing is worth reading before the gate
+    quick = args.wait_for_go and may_start_quickly(settings.model, engine=options["engine"],
+                                                   device=options["device"], data_dir=settings.data_dir)
     try:  # gated: the model's files only, while serve checks the data directory
-        encoder = Encoder.load(settings.model, **options, data_dir=settings.data_dir,
-                               choose=not args.wait_for_go)
+        if not quick:
+            encoder = Encoder.load(settings.model, **options, data_dir=settings.data_dir,
+                                   choose=not args.wait_for_go)
     except (ModelLoadError, ValueError) as e:
         error = e
     if args.wait_for_go:
         # a load that failed is told after the gate too, so serve has its server to stop
         if sys.stdin.readline().strip() != "go":
             return 0  # serve stopped before the data directory was ready: nothing was written
-        if encoder is not None:
+        if quick:
+            try:  # verified now; any doubt and this is the usual load, choices included
+                encoder = Encoder.load(settings.model, **options, data_dir=settings.data_dir)
+            except (ModelLoadError, ValueError) as e:
+                error = e
+        elif encoder is not None:
             try:  # the measured engine and precision are read from, and stored in, the data directory
                 encoder = encoder.choose(engine=options["engine"], precision=options["precision"],
                                          data_dir=settings.data_dir)

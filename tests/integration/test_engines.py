@@ -75,3 +75,32 @@ def test_a_server_on_engine_auto_reports_its_measurement_and_serves_torch_rows(
         assert "engine " + model["engine"] in server.log()
     finally:
         server.stop()
+
+
+def test_a_restarted_server_serves_on_its_checked_export_before_reading_the_weights(
+        torch_encoder: Any, tmp_path: Path) -> None:
+    first_texts, _ = sst_sentences(8, offset=4870)
+    texts, _ = sst_sentences(16, offset=4878)
+    server = ServerProcess(tmp_path / "data", {"engine": "onnx"}).start()
+    try:
+        assert "started_from" not in server.get("/info").json()["model"]  # the first start: torch checks
+        r = server.post("/v1/features", json={"texts": first_texts, "view": "layer:-1"})
+        assert r.status_code == 200, r.text
+        server.restart()
+        model = server.get("/info").json()["model"]
+        assert (model["engine"], model.get("started_from")) == ("onnx", "onnx check")
+        assert "started on its checked ONNX export" in server.log()
+        assert "reading the torch weights" not in server.log()
+        # texts never seen: computed by the worker that has not read the weights
+        r = server.post("/v1/features", json={"texts": texts, "view": "layer:-1", "pooling": "mean"})
+        assert r.status_code == 200, r.text
+        served = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+        want = _pooled(torch_encoder, texts)["mean"][:, -1]
+        worst = np.abs(served - want).max(axis=1) / np.abs(want).max()
+        assert float(worst.max()) < 2e-3, worst.round(4).tolist()  # float16 storage's rounding
+        # bf16 rows need the torch weights: read now, once, and served
+        r = server.post("/v1/features", json={"texts": texts[:4], "view": "layer:-1", "precision": "bf16"})
+        assert r.status_code == 200, r.text
+        assert server.log().count("reading the torch weights") == 1
+    finally:
+        server.stop()

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..measured import Measured, cpu_model, measured_choice, time_alternating
+from ..measured import Measured, cpu_model, measured_choice, stored_choice, time_alternating
 from ..model_source import ModelLoadError
 
 # the encoder imports this module to apply the choices at load, so it is typed
@@ -42,7 +42,7 @@ from ..model_source import ModelLoadError
 Encoder = Any
 
 __all__ = ["BF16_MARGIN", "BF16_MAX_REL_L2", "ENGINE_MARGIN", "apply_choices", "choose_engine",
-           "choose_precision", "pick_engine", "pick_precision"]
+           "choose_precision", "pick_engine", "pick_precision", "stored_onnx_choices"]
 
 log = logging.getLogger("layerbank.engines")
 
@@ -86,8 +86,46 @@ def _encode_all(enc: Encoder, batches: list[Any]) -> Callable[[], list[np.ndarra
 
 
 def _machine(enc: Encoder, **extra: str) -> dict[str, str]:
+    return _machine_key(enc.fingerprint, enc.config.max_length, **extra)
+
+
+def _machine_key(fingerprint: str, max_length: int | None, **extra: str) -> dict[str, str]:
+    """What a stored decision is for: this CPU, these libraries and threads, this model and length."""
     return {"cpu": cpu_model(), "torch": torch.__version__, "threads": str(torch.get_num_threads()),
-            "model": enc.fingerprint, "max_length": str(enc.config.max_length), **extra}
+            "model": fingerprint, "max_length": str(max_length), **extra}
+
+
+_ENGINE_REASON = "measured: onnx / torch speed"
+_PRECISION_REASON = "measured: bf16 / fp32 speed"
+
+
+def stored_onnx_choices(fingerprint: str, max_length: int | None, precision_modes: dict[str, str], *,
+                        engine: str, precision: str,
+                        data_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What ``apply_choices`` would add to the info of an encoder that ends on ONNX at fp32,
+    read from the decisions stored in ``data_dir``; None unless the settings and those
+    decisions both lead there (engine onnx, or auto stored as onnx; precision fp32, or
+    auto stored as fp32). Measures nothing (workers/quick_start.py)."""
+    import onnxruntime as ort
+
+    info: dict[str, Any] = {"engine": "onnx"}
+    if engine == "onnx":
+        info["engine_choice"] = {"chosen": "onnx", "reason": "asked for"}
+    elif engine == "auto":
+        found = stored_choice(data_dir, "engine", _machine_key(fingerprint, max_length,
+                                                                onnxruntime=ort.__version__))
+        if found is None or found.choice != "onnx":
+            return None
+        info["engine_choice"] = {**found.as_info(), "reason": _ENGINE_REASON}
+    else:
+        return None
+    if precision == "auto":
+        found = stored_choice(data_dir, "precision", _machine_key(fingerprint, max_length, fp32_engine="onnx"))
+        if found is None or found.choice != "fp32":
+            return None
+        info["precision_choice"] = {**found.as_info(), "reason": _PRECISION_REASON}
+        info["precision_modes"] = {**precision_modes, "auto": "fp32"}
+    return info
 
 
 def choose_engine(enc: Encoder, data_dir: str | os.PathLike[str] | None,
@@ -102,7 +140,8 @@ def choose_engine(enc: Encoder, data_dir: str | os.PathLike[str] | None,
 
     @functools.cache
     def onnx_enc() -> Encoder:
-        return dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
+        return dataclasses.replace(enc, engine=OnnxEngine.open(enc.torch_model(), enc.fingerprint, data_dir,
+                                                               facts=enc.torch_facts()))
 
     def timed() -> dict[str, float]:
         batches = sample_batches(enc)
@@ -147,11 +186,12 @@ def apply_choices(enc: Encoder, *, engine: str, precision: str,
             if engine == "onnx":
                 from .onnx import OnnxEngine
 
-                enc = dataclasses.replace(enc, engine=OnnxEngine.open(enc.model, enc.fingerprint, data_dir))
+                enc = dataclasses.replace(enc, engine=OnnxEngine.open(enc.torch_model(), enc.fingerprint,
+                                                                      data_dir, facts=enc.torch_facts()))
                 info["engine_choice"] = {"chosen": "onnx", "reason": "asked for"}
             else:
                 enc, found = choose_engine(enc, data_dir)
-                info["engine_choice"] = {**found.as_info(), "reason": "measured: onnx / torch speed"}
+                info["engine_choice"] = {**found.as_info(), "reason": _ENGINE_REASON}
         except Exception as e:  # noqa: BLE001 - any failure of the optional engine leaves torch
             if engine == "onnx":  # asked for: one line that stops the worker, not a restart loop
                 raise ModelLoadError(f"--engine onnx cannot be used for {enc.name!r}: {e}") from e
@@ -160,7 +200,7 @@ def apply_choices(enc: Encoder, *, engine: str, precision: str,
         info["engine"] = getattr(enc.engine, "name", "torch")
     if precision == "auto" and on_cpu_fp32:
         found = choose_precision(enc, data_dir)
-        info["precision_choice"] = {**found.as_info(), "reason": "measured: bf16 / fp32 speed"}
+        info["precision_choice"] = {**found.as_info(), "reason": _PRECISION_REASON}
         if found.choice != "fp32":
             enc = enc.with_precision(found.choice)
             info["engine"] = "torch"

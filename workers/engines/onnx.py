@@ -30,6 +30,15 @@ tokens, or the engine refuses (``EngineMismatch``) and the encoder stays on
 torch: no row of an engine that failed its check is ever stored. fp32 only:
 bf16 and fp16 run on torch.
 
+A passed check is recorded beside the export (``<hash>.onnx.check.json``,
+``check_path``, under its checksum): the ONNX Runtime version it ran with,
+the graph's and the weights' sha256, and the model's facts from its torch
+weights. A later start finds there everything the check and the torch model
+gave it (``open_checked``, workers/quick_start.py): with the same files
+(the fingerprint), the same graph (its sha256) and the same library
+versions, the check would pass again, so that start serves on the export
+before the weights are read. A new export removes the record.
+
 Example::
 
     engine = OnnxEngine.open(model, fingerprint, cache_dir="layerbank-data")
@@ -53,12 +62,18 @@ import torch
 
 from ..measured import temp_name
 
-__all__ = ["TOLERANCE", "EngineMismatch", "OnnxEngine", "export_path", "record_path", "temp_name"]
+__all__ = ["TOLERANCE", "EngineMismatch", "OnnxEngine", "check_path", "export_path", "record_path",
+           "temp_name"]
 
 log = logging.getLogger("layerbank.engines")
 
 TOLERANCE = 1e-4  # relative to the layer's largest value: the promise of docs/decisions.md
 OPSET = 17  # LayerNormalization as one op; ONNX Runtime fuses it
+
+
+class _Outdated(ValueError):
+    """A check record that is sound but not for this start (other versions), or an export
+    whose own damage the usual path will name: not a WARNING of its own."""
 
 
 class EngineMismatch(RuntimeError):
@@ -118,6 +133,12 @@ def record_path(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
+def check_path(path: Path) -> Path:
+    """The record of the numeric check the export at ``path`` passed, and of the model it
+    stands for (what ``OnnxEngine.open_checked`` starts from without the torch model)."""
+    return path.with_name(path.name + ".check.json")
+
+
 def weights_sha256(model: Any) -> str:
     """sha256 over the model's weights: every tensor's name, dtype, shape and bytes, in name order."""
     h = hashlib.sha256()
@@ -138,10 +159,13 @@ def _file_sha256(path: Path) -> str:
 
 def _source(model: Any, fingerprint: str) -> dict[str, str]:
     """What an export is made from: the model, its exact weights, the exporter."""
+    return {"model_fingerprint": fingerprint, "weights_sha256": weights_sha256(model), **_versions()}
+
+
+def _versions() -> dict[str, str]:
     import transformers
 
-    return {"model_fingerprint": fingerprint, "weights_sha256": weights_sha256(model),
-            "torch": torch.__version__, "transformers": transformers.__version__, "opset": str(OPSET)}
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "opset": str(OPSET)}
 
 
 def _digest(payload: dict[str, Any]) -> str:
@@ -171,6 +195,31 @@ def _problem(path: Path, source: dict[str, str]) -> str | None:
     if (got := _file_sha256(path)) != payload.get("file_sha256"):
         return f"fails its sha256 checksum ({got[:16]}..., written as {str(payload.get('file_sha256'))[:16]}...)"
     return None
+
+
+def _read_signed(path: Path) -> dict[str, Any]:
+    """The payload of a ``{"payload": ..., "sha256": ...}`` file; ValueError naming what is wrong."""
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"has no {path.name}") from None
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ValueError(f"has an unreadable {path.name} ({e})") from None
+    payload = doc.get("payload") if isinstance(doc, dict) else None
+    if not isinstance(payload, dict) or doc.get("sha256") != _digest(payload):
+        raise ValueError(f"has a {path.name} that fails its checksum")
+    return payload
+
+
+def _write_signed(path: Path, payload: dict[str, Any]) -> None:
+    """``payload`` under its checksum at ``path``: temp file, fsync, os.replace."""
+    body = json.dumps({"payload": payload, "sha256": _digest(payload)}, indent=1)
+    tmp = _write_fsynced(path, lambda t: t.write_text(body, encoding="utf-8"))
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _write_fsynced(path: Path, write: Any) -> Path:
@@ -221,6 +270,7 @@ def export(model: Any, path: Path, source: dict[str, str] | None = None) -> None
             rtmp.write_text(body, encoding="utf-8")
 
         rtmp = _write_fsynced(record_path(path), record)
+        check_path(path).unlink(missing_ok=True)  # a new graph has passed no check yet
         os.replace(tmp, path)
         os.replace(rtmp, record_path(path))  # a crash between the two: the old record fails the new file
     except BaseException:
@@ -240,13 +290,16 @@ class OnnxEngine:
 
     @classmethod
     def open(cls, model: Any, fingerprint: str, cache_dir: str | os.PathLike[str] | None,
-             threads: int | None = None) -> OnnxEngine:
+             threads: int | None = None, facts: dict[str, Any] | None = None) -> OnnxEngine:
         """Export (or reuse the cached export), open a session, check it against torch.
 
         ``cache_dir`` None: export into a temporary directory, removed once the
         session has read it (nothing kept). ``threads``: ONNX Runtime's
         intra-op threads (default: torch's). Raises EngineMismatch when the
-        numbers differ beyond TOLERANCE.
+        numbers differ beyond TOLERANCE. ``facts``: what the encoder knows of
+        the model from its torch weights (sizes, layout); with them, a passed
+        check is recorded beside the export (``check_path``) for
+        ``open_checked``.
         """
         if cache_dir is None:
             with tempfile.TemporaryDirectory(prefix="layerbank-onnx-") as tmp:
@@ -268,8 +321,65 @@ class OnnxEngine:
             export(model, path, source)
             session = _session(path, threads)
         engine = cls(session, path)
-        engine.check_against(model)
+        worst = engine.check_against(model)
+        if facts is not None:
+            _record_check(path, source, worst, facts)
         return engine
+
+    @classmethod
+    def open_checked(cls, fingerprint: str, cache_dir: str | os.PathLike[str],
+                     threads: int | None = None) -> tuple[OnnxEngine, dict[str, Any]] | None:
+        """The engine on an export that passed its check against torch before, without the
+        torch model; with the model's facts its check recorded. None when it cannot be
+        trusted that way (why: one line at INFO, a damaged record at WARNING).
+
+        What makes the earlier check hold now: the fingerprint is a sha256 of the
+        model's files (a local directory: ``local:``; a hub name proves nothing of
+        the bytes, so it never takes this path), the export record names the same
+        fingerprint and weights, the graph still hashes to its record, and torch,
+        transformers, the opset and ONNX Runtime are the versions the check ran with.
+        """
+        import onnxruntime as ort
+
+        path = export_path(cache_dir, fingerprint)
+        if not fingerprint.startswith("local:"):
+            log.info("ONNX export of %s not started from its check: a hub name's fingerprint is not "
+                     "a hash of its files", fingerprint)
+            return None
+        if not check_path(path).exists():
+            return None  # never checked here (a first start): the caller exports and checks
+        want = {"model_fingerprint": fingerprint, **_versions(), "onnxruntime": ort.__version__}
+        try:
+            check = _read_signed(check_path(path))
+            for k, v in want.items():
+                if check.get(k) != v:
+                    raise _Outdated(f"was checked with {k} {check.get(k)!r}, not {v!r}")
+            facts = check.get("facts")
+            if not isinstance(facts, dict):
+                raise ValueError(f"has a {check_path(path).name} without the model's facts")
+            try:
+                exported = _read_signed(record_path(path))
+            except ValueError as e:  # the usual path names the export's own damage
+                raise _Outdated(str(e)) from None
+            for k in ("weights_sha256", "file_sha256"):
+                if check.get(k) != exported.get(k):
+                    raise ValueError(f"has a {check_path(path).name} of another graph ({k} "
+                                     f"{str(check.get(k))[:16]}..., its record says {str(exported.get(k))[:16]}...)")
+        except ValueError as e:
+            level = logging.INFO if isinstance(e, _Outdated) else logging.WARNING
+            log.log(level, "ONNX export %s %s; checking it against torch again", path, e)
+            return None
+        problem = _problem(path, {"model_fingerprint": fingerprint, **_versions()})
+        session = None
+        if problem is None:
+            try:
+                session = _session(path, threads)
+            except Exception as e:  # noqa: BLE001 - ONNX Runtime raises its own types for bad files
+                problem = f"cannot be opened ({e})"
+        if session is None:  # the usual path finds it too, and names it in its WARNING
+            log.info("ONNX export %s %s; not started from its check", path, problem)
+            return None
+        return cls(session, path), facts
 
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Every hidden state h_0..h_L of the batch, [n, t, d] float32 on the CPU."""
@@ -298,6 +408,23 @@ class OnnxEngine:
             raise EngineMismatch(f"ONNX export {self.path} differs from torch by {worst:.2e} "
                                  f"relative (allowed {TOLERANCE:.0e})")
         return worst
+
+
+def _record_check(path: Path, source: dict[str, str], worst: float, facts: dict[str, Any]) -> None:
+    """Write ``check_path(path)``: the export passed its check for ``source`` with ``worst``."""
+    import onnxruntime as ort
+
+    try:
+        exported = _read_signed(record_path(path))  # what the checked graph hashes to
+    except ValueError as e:
+        log.warning("the ONNX check of %s is not recorded: its export record %s", path, e)
+        return
+    payload = {**source, "onnxruntime": ort.__version__, "file_sha256": exported.get("file_sha256"),
+               "worst_relative_difference": worst, "tolerance": TOLERANCE, "facts": facts}
+    try:
+        _write_signed(check_path(path), payload)
+    except OSError as e:  # a read-only data directory: the check still holds for this process
+        log.info("the ONNX check of %s is not recorded (%s)", path, e)
 
 
 def _session(path: Path, threads: int | None) -> Any:

@@ -213,11 +213,11 @@ class _Job:
         seeds_by_size = {s: self._seeds(len(train) if s is None else min(s, len(train))) for s in self.sizes}
         encoder = Encoder.load(model_path, device=self.device, precision="fp32", max_length=max_length)
         # where its layers and projections are; what cannot be found fails here, before any work
-        layout = describe(encoder.model)
+        layout = describe(encoder.torch_model())
         require(layout, self.regimes, name=repr(model_path))
         ids = encoder.tokenize(texts).input_ids
         eval_ids = {name: encoder.tokenize(list(t)).input_ids for name, (t, _) in (self.eval_sets or {}).items()}
-        config = encoder.model.config
+        config = encoder.torch_model().config
         n_layers = int(config.num_hidden_layers)
         rows_of = variants(self.regimes, n_layers, self.top_k, self.xi)  # cut points, xi values: one row each
         trained = [v for v in rows_of if v.regime != "frozen"]
@@ -272,7 +272,7 @@ class _Job:
                                                       encoder, split(rows), split(val), split(test),
                                                       len(classes), meta, eval_splits))
             table = {v.key: {**table_row(v.regime, runs[v.key], config, _cut(v, n_layers), len(classes),
-                                         encoder_params(encoder.model), feature_seconds, model=encoder.model),
+                                         encoder_params(encoder.torch_model()), feature_seconds, model=encoder.torch_model()),
                              **_what(v, n_layers)} for v in rows_of}
             block: dict[str, Any] = {"train_size": len(rows), "regimes": table, **choose(table)}
             cut = layer_cut(table, n_layers)
@@ -283,10 +283,10 @@ class _Job:
                 block["xi_sweep"] = sweep
             curve.append(block)
         result = {"model": {"path": model_path, "fingerprint": encoder.fingerprint,
-                            "encoder_params": encoder_params(encoder.model),
+                            "encoder_params": encoder_params(encoder.torch_model()),
                             "num_layers": int(config.num_hidden_layers),
                             "hidden_size": int(config.hidden_size),
-                            "layout": layout_summary(encoder.model)},
+                            "layout": layout_summary(encoder.torch_model())},
                   "split": {"n_train": len(train), "n_val": len(val), "n_test": len(test),
                             "split_seed": self.split_seed, "test_size": test_size, "val_size": val_size},
                   "settings": {"seeds": seeds_by_size[self.sizes[-1]],
@@ -316,13 +316,13 @@ class _Job:
                   train: Split, val: Split, test: Split, n_classes: int,
                   meta: dict[str, Any], evals: dict[str, Split]) -> dict[str, Any]:
         regime = v.regime
-        n_frozen = _cut(v, int(encoder.model.config.num_hidden_layers))
+        n_frozen = _cut(v, int(encoder.torch_model().config.num_hidden_layers))
         settings = TrainSettings(regime=regime, lr=self.rates[regime], head_lr=self.head_lr,
                                  max_epochs=self.epochs[size], patience=self.patience,
                                  batch_size=self.batch_size, top_k=n_frozen, seed=seed,
                                  device=self.device, head_init=head, xi=v.xi)
         base = self.done
-        run = finetune(encoder.model, train, val, test, n_classes,
+        run = finetune(encoder.torch_model(), train, val, test, n_classes,
                        int(encoder.tokenizer.pad_token_id or 0), settings,
                        lambda epoch, _total: self._tick(base + epoch), self.should_cancel, evals)
         self._tick(base + self.epochs[size])  # early stopping skips the rest
