@@ -8,7 +8,8 @@ pass and pooling), in alternating rounds.
 
 1. Engine (fp32): torch against ONNX Runtime. ONNX is kept when it ran at
    least ``ENGINE_MARGIN`` faster; its numbers are checked against torch's
-   whenever it opens (engines/onnx.py), so this is a choice of speed only.
+   when it opens, or taken from the record of that check for the same files,
+   graph and libraries (engines/onnx.py), so this is a choice of speed only.
 2. Precision (``auto`` only): fp32 on the engine chosen in 1 against torch
    bf16. bf16 is kept when it ran at least ``BF16_MARGIN`` faster *and* its
    pooled rows on the same batches stay within the documented tolerance
