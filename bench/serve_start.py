@@ -2,9 +2,9 @@
 
 Times, from the process start, when ``serve`` has started its worker process,
 when the API answers (``/health``) and when ``/ready`` says 200 (the worker has
-loaded its model and registered it), on one data directory per side that an
-untimed first start filled with its measured decisions and exports (as a
-server's second start finds them). The
+loaded its model and registered it), and the worker's resident memory then,
+on one data directory per side that an untimed first start filled with its
+measured decisions and exports (as a server's second start finds them). The
 two sides alternate, round by round; medians are printed with the ratio.
 
 The earlier revision runs from a ``git worktree`` of it with this checkout's
@@ -47,6 +47,27 @@ def worktree(rev: str, where: Path) -> dict[str, str]:
     return {"PYTHONPATH": f"{shim}:{where}"}
 
 
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(c) for c in f.read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` in MB (nan when it cannot be read, or off Linux)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 def _has_child(pid: int) -> bool:
     """Whether ``pid`` has started a process (serve's worker), from /proc (Linux)."""
     for f in Path(f"/proc/{pid}/task").glob("*/children"):
@@ -58,9 +79,10 @@ def _has_child(pid: int) -> bool:
     return False
 
 
-def start(data_dir: Path, model: str | None, env: dict[str, str], cwd: Path) -> tuple[float, float, float]:
+def start(data_dir: Path, model: str | None, env: dict[str, str],
+          cwd: Path) -> tuple[float, float, float, float]:
     """Seconds until serve has started its worker (nan off Linux), until /health answers and
-    until /ready is 200; the server is stopped after."""
+    until /ready is 200, and the worker's resident MB then; the server is stopped after."""
     (data_dir / "server.json").unlink(missing_ok=True)
     argv = [sys.executable, "-m", "layerbank.app.cli.main", "serve", "--data-dir", str(data_dir), "--port", "0"]
     if model:
@@ -87,10 +109,11 @@ def start(data_dir: Path, model: str | None, env: dict[str, str], cwd: Path) -> 
                 ready = time.perf_counter() - t0
             except (OSError, ValueError, KeyError):
                 time.sleep(0.02)
+        worker_mb = max((_rss_mb(c) for c in _children(proc.pid)), default=float("nan"))
     finally:
         proc.terminate()
         proc.wait(60)
-    return spawned, api, ready
+    return spawned, api, ready, worker_mb
 
 
 def main() -> None:
@@ -112,18 +135,18 @@ def main() -> None:
         dirs = {name: work / f"data-{i}" for i, name in enumerate(sides)}
         for name, (env, cwd) in sides.items():  # untimed: measured decisions and exports are made
             start(dirs[name], model, env, cwd)
-        times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+        times: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sides}
         print(f"serve start-up, {args.rounds} alternating rounds; {os.cpu_count()} CPUs, load "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; model {args.model or 'embedded'}", flush=True)
         for r in range(args.rounds):
             for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                spawned, api, ready = start(dirs[name], model, *sides[name])
-                times[name].append((spawned, api, ready))
+                spawned, api, ready, worker_mb = start(dirs[name], model, *sides[name])
+                times[name].append((spawned, api, ready, worker_mb))
                 print(f"  round {r + 1} {name}: worker started {spawned:.2f} s, API {api:.2f} s, "
-                      f"/ready {ready:.2f} s", flush=True)
-        med = {n: tuple(statistics.median(x[i] for x in t) for i in range(3)) for n, t in times.items()}
-        for n, (w, a, b) in med.items():
-            print(f"median {n}: worker started {w:.2f} s, API {a:.2f} s, /ready {b:.2f} s")
+                      f"/ready {ready:.2f} s, worker {worker_mb:.0f} MB resident", flush=True)
+        med = {n: tuple(statistics.median(x[i] for x in t) for i in range(4)) for n, t in times.items()}
+        for n, (w, a, b, m) in med.items():
+            print(f"median {n}: worker started {w:.2f} s, API {a:.2f} s, /ready {b:.2f} s, worker {m:.0f} MB")
         new, old = med["this tree"][2], med[args.against][2]
         print(f"/ready: this tree {new:.2f} s vs {args.against} {old:.2f} s ({old / new:.2f}x); load after "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
