@@ -266,7 +266,14 @@ class ModelPool:
 
     @property
     def used_bytes(self) -> int:
-        return self._sizes[self.default.fingerprint] + sum(self._sizes[fp] for fp in self.loaded)
+        return self._size(self.default) + sum(self._size(self.loaded[fp]) for fp in self.loaded)
+
+    def _size(self, enc: Any) -> int:
+        # an encoder started on its checked export grows when its torch weights are read
+        # (workers/deferred_model.py): measured again until they are
+        if isinstance(getattr(enc, "model", None), DeferredModel):
+            self._sizes[enc.fingerprint] = encoder_bytes(enc)
+        return self._sizes[enc.fingerprint]
 
     def _make_room(self, incoming: int, keep: Collection[str]) -> None:
         if self.budget is None:

@@ -203,3 +203,16 @@ def test_engine_auto_stored_as_onnx_starts_quickly_and_says_what_was_measured(
     assert enc.info["engine_choice"] == {**first.info["engine_choice"], "reused": True}
     assert enc.info["precision_choice"] == {**first.info["precision_choice"], "reused": True}
     assert enc.info["precision_modes"]["auto"] == "fp32"
+
+
+def test_the_model_pool_counts_the_weights_once_they_are_read(tiny_model_dir: str,
+                                                              checked: tuple[Path, Path]) -> None:
+    from layerbank.workers.model_pool import ModelPool
+
+    data, path = checked
+    enc = _load(tiny_model_dir, data)
+    pool = ModelPool(enc, [], load=lambda entry: None, budget_bytes=None)
+    assert pool.used_bytes == path.stat().st_size  # ONNX Runtime's copy of the weights only
+    model = enc.torch_model()
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert pool.used_bytes == 2 * weights  # both copies, as for an encoder loaded the usual way
