@@ -175,14 +175,11 @@ def _digest(payload: dict[str, Any]) -> str:
 def _problem(path: Path, source: dict[str, str]) -> str | None:
     """Why the export at ``path`` cannot be trusted for ``source``; None when it can."""
     try:
-        doc = json.loads(record_path(path).read_bytes().decode("utf-8"))
+        payload = _read_signed(record_path(path), "record")
     except FileNotFoundError:
         return f"has no record {record_path(path).name} of what it was exported from"
-    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-        return f"has an unreadable record {record_path(path).name} ({e})"
-    payload = doc.get("payload") if isinstance(doc, dict) else None
-    if not isinstance(payload, dict) or doc.get("sha256") != _digest(payload):
-        return f"has a record {record_path(path).name} that fails its checksum"
+    except ValueError as e:
+        return str(e)
     for k, want in source.items():
         if payload.get(k) != want:
             return f"was exported from {k} {payload.get(k)!r}, not this model's {want!r}"
@@ -197,17 +194,18 @@ def _problem(path: Path, source: dict[str, str]) -> str | None:
     return None
 
 
-def _read_signed(path: Path) -> dict[str, Any]:
-    """The payload of a ``{"payload": ..., "sha256": ...}`` file; ValueError naming what is wrong."""
+def _read_signed(path: Path, noun: str) -> dict[str, Any]:
+    """The payload of a ``{"payload": ..., "sha256": ...}`` file; ValueError naming what is
+    wrong (``noun``: what the file is called in that line). A missing file raises FileNotFoundError."""
     try:
         doc = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"has no {path.name}") from None
+        raise
     except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-        raise ValueError(f"has an unreadable {path.name} ({e})") from None
+        raise ValueError(f"has an unreadable {noun} {path.name} ({e})") from None
     payload = doc.get("payload") if isinstance(doc, dict) else None
     if not isinstance(payload, dict) or doc.get("sha256") != _digest(payload):
-        raise ValueError(f"has a {path.name} that fails its checksum")
+        raise ValueError(f"has a {noun} {path.name} that fails its checksum")
     return payload
 
 
@@ -350,23 +348,23 @@ class OnnxEngine:
             return None  # never checked here (a first start): the caller exports and checks
         want = {"model_fingerprint": fingerprint, **_versions(), "onnxruntime": ort.__version__}
         try:
-            check = _read_signed(check_path(path))
+            check = _read_signed(check_path(path), "check record")
             for k, v in want.items():
                 if check.get(k) != v:
                     raise _Outdated(f"was checked with {k} {check.get(k)!r}, not {v!r}")
             facts = check.get("facts")
             if not isinstance(facts, dict):
-                raise ValueError(f"has a {check_path(path).name} without the model's facts")
+                raise ValueError(f"has a check record {check_path(path).name} without the model's facts")
             try:
-                exported = _read_signed(record_path(path))
-            except ValueError as e:  # the usual path names the export's own damage
+                exported = _read_signed(record_path(path), "record")
+            except (ValueError, FileNotFoundError) as e:  # the usual path names the export's own damage
                 raise _Outdated(str(e)) from None
             for k in ("weights_sha256", "file_sha256"):
                 if check.get(k) != exported.get(k):
-                    raise ValueError(f"has a {check_path(path).name} of another graph ({k} "
+                    raise ValueError(f"has a check record {check_path(path).name} of another graph ({k} "
                                      f"{str(check.get(k))[:16]}..., its record says {str(exported.get(k))[:16]}...)")
-        except ValueError as e:
-            level = logging.INFO if isinstance(e, _Outdated) else logging.WARNING
+        except (ValueError, FileNotFoundError) as e:  # removed meanwhile: as if never written
+            level = logging.INFO if isinstance(e, (_Outdated, FileNotFoundError)) else logging.WARNING
             log.log(level, "ONNX export %s %s; checking it against torch again", path, e)
             return None
         problem = _problem(path, {"model_fingerprint": fingerprint, **_versions()})
@@ -415,8 +413,8 @@ def _record_check(path: Path, source: dict[str, str], worst: float, facts: dict[
     import onnxruntime as ort
 
     try:
-        exported = _read_signed(record_path(path))  # what the checked graph hashes to
-    except ValueError as e:
+        exported = _read_signed(record_path(path), "record")  # what the checked graph hashes to
+    except (ValueError, FileNotFoundError) as e:
         log.warning("the ONNX check of %s is not recorded: its export record %s", path, e)
         return
     payload = {**source, "onnxruntime": ort.__version__, "file_sha256": exported.get("file_sha256"),
