@@ -48,6 +48,7 @@ def worktree(rev: str, where: Path) -> dict[str, str]:
 
 
 def _children(pid: int) -> list[int]:
+    """The processes ``pid`` has started, from /proc (empty off Linux)."""
     out: list[int] = []
     for f in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
@@ -70,13 +71,7 @@ def _rss_mb(pid: int) -> float:
 
 def _has_child(pid: int) -> bool:
     """Whether ``pid`` has started a process (serve's worker), from /proc (Linux)."""
-    for f in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            if f.read_text().strip():
-                return True
-        except OSError:
-            pass
-    return False
+    return bool(_children(pid))
 
 
 def start(data_dir: Path, model: str | None, env: dict[str, str],

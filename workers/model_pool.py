@@ -270,7 +270,8 @@ class ModelPool:
 
     def _size(self, enc: Any) -> int:
         # an encoder started on its checked export grows when its torch weights are read
-        # (workers/deferred_model.py): measured again until they are
+        # (workers/deferred_model.py), so it is measured at every call: a sum over its
+        # tensors, asked only when a model is loaded
         if isinstance(getattr(enc, "model", None), DeferredModel):
             self._sizes[enc.fingerprint] = encoder_bytes(enc)
         return self._sizes[enc.fingerprint]
