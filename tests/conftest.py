@@ -138,6 +138,14 @@ ONE_BACKEND_MODULES = {
 }
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: the suite runs without xdist too
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """README's test command runs two processes: a module per backend is one unit of work,
+    the Ray modules one between them (tests/parallel.py says why)."""
+    from tests.parallel import make_scheduler
+    return make_scheduler(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: about the SQLite catalog file itself; "
                             "deselected on the PostgreSQL backend")
