@@ -17,7 +17,7 @@ if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 export LAYERBANK_TEST_CATALOGS="${LAYERBANK_TEST_CATALOGS:-sqlite,postgres}"
-# two processes (pytest-xdist): one alone used 0.8 of the 2 cores, waiting on servers it
-# started; a test module on one backend is one unit of work (tests/parallel.py).
+# two processes (pytest-xdist): one alone used 0.8 of the 2 cores (CI's user+sys over its
+# wall time); a test module on one backend is one unit of work (tests/parallel.py).
 # LAYERBANK_TEST_WORKERS=0 runs the suite in this process, one test after another.
 exec .venv/bin/python -m pytest tests -n "${LAYERBANK_TEST_WORKERS:-2}" "$@"
