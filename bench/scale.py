@@ -13,7 +13,10 @@ size it prints one block:
   model encodes ~50-100 texts/s, so 10^6 encoded texts would take hours);
 - the catalog check ``serve`` runs before it binds (SQLite ``quick_check``), seconds;
 - server start: ``layerbank serve`` on the directory, seconds until ``/health``
-  answers (the API) and until ``/ready`` lists a worker (cached reads answer);
+  answers (the API) and until ``/ready`` lists a worker (cached reads answer),
+  with the pinned flags below (the torch engine) and again on the defaults
+  (engine and precision by measurement; the first such start, which measures,
+  is timed apart), each with the engine the worker says it runs;
 - cached one-text ``POST /v1/features`` of a row in memory (the row cache):
   p50 / p99 and req/s at 1 and 16 clients, bench/serve.py's raw keep-alive
   socket client, and the API process's CPU time per request (on a shared
@@ -150,13 +153,14 @@ def extract(data_dir: Path, model: str, texts: list[str], threads: int) -> dict[
 class Serving:
     """``layerbank serve`` on the directory, timed from the process start."""
 
-    def __init__(self, data_dir: Path, model: str, threads: int) -> None:
+    def __init__(self, data_dir: Path, model: str, threads: int, flags: list[str] = _MODEL_FLAGS) -> None:
         self.data_dir = data_dir
         (data_dir / "server.json").unlink(missing_ok=True)
         self.log = open(data_dir.parent / "serve.log", "ab")
+        self.log_from = self.log.tell()
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(_cli("serve", "--data-dir", str(data_dir), "--port", "0", "--model", model,
-                                          *_MODEL_FLAGS), cwd=ROOT, env=_env(threads),
+                                          *flags), cwd=ROOT, env=_env(threads),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.port = 0
         self.api_s = self.ready_s = 0.0
@@ -189,10 +193,43 @@ class Serving:
             status, out, _ = _read_response(s, b"")
         return status, out
 
+    def engine(self) -> str:
+        """What the worker said it runs on ("engine onnx (...), precision fp32"), from this start's log."""
+        with open(self.data_dir.parent / "serve.log", "rb") as f:
+            f.seek(self.log_from)
+            said = re.findall(rb"layerbank worker: (engine [^\n]*)", f.read())
+        return said[-1].decode() if said else "engine not logged"
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(60)
         self.log.close()
+
+
+def default_starts(data_dir: Path, model: str, threads: int) -> dict[str, float]:
+    """``serve`` as a user starts it: engine and precision by measurement (docs/decisions.md).
+
+    The first such start on a directory measures both and checks the ONNX export; it is timed
+    apart. Every later one finds those decisions and, when they are ONNX at fp32, serves on the
+    checked export without importing transformers' modeling code (workers/quick_start.py).
+    Its keys differ from the pinned flags' rows, so only the start and the worker's memory are read.
+    """
+    res: dict[str, float] = {}
+    if not any((data_dir / "engines").glob("*/*.onnx")):
+        srv = Serving(data_dir, model, threads, flags=["--storage-dtype", "float16"])
+        srv.stop()  # the child wrote its log; `engine` reads the file, not the closed handle
+        res["start_first_default_ready_s"] = srv.ready_s
+        print(f"  first start on defaults (measures engine and precision, exports ONNX): /ready after "
+              f"{srv.ready_s:.2f} s; {srv.engine()}", flush=True)
+    srv = Serving(data_dir, model, threads, flags=["--storage-dtype", "float16"])
+    try:
+        res.update(start_default_api_s=srv.api_s, start_default_ready_s=srv.ready_s,
+                   rss_worker_default_mb=rss_mb(srv.worker_pid))
+        print(f"  start on defaults: API answers after {srv.api_s:.2f} s, /ready after {srv.ready_s:.2f} s, "
+              f"worker {res['rss_worker_default_mb']:.0f} MB; {srv.engine()}", flush=True)
+    finally:
+        srv.stop()
+    return res
 
 
 def rss_mb(pid: int) -> float:
@@ -293,8 +330,8 @@ def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespa
     srv = Serving(data_dir, model, args.threads)
     try:
         res.update(start_api_s=srv.api_s, start_ready_s=srv.ready_s)
-        print(f"  start: API answers after {srv.api_s:.2f} s, /ready (worker loaded) after {srv.ready_s:.2f} s",
-              flush=True)
+        print(f"  start ({' '.join(_MODEL_FLAGS[:4])}): API answers after {srv.api_s:.2f} s, /ready (worker "
+              f"loaded) after {srv.ready_s:.2f} s; {srv.engine()}", flush=True)
         hot = {"texts": [texts[0]]}
         for _ in range(2):  # read from the store, then from memory
             status, body = srv.call("POST", "/v1/features", hot)
@@ -326,6 +363,7 @@ def measure(data_dir: Path, model: str, texts: list[str], args: argparse.Namespa
         print(f"  resident memory: API {res['rss_api_mb']:.0f} MB, worker {res['rss_worker_mb']:.0f} MB", flush=True)
     finally:
         srv.stop()
+    res.update(default_starts(data_dir, model, args.threads))
     cat = sum(p.stat().st_size for p in data_dir.glob("catalog.sqlite*") if "damaged" not in p.name)
     shards = sum(p.stat().st_size for p in (data_dir / "shards").glob("*.h5"))
     n_shards = len(list((data_dir / "shards").glob("*.h5")))
@@ -411,7 +449,7 @@ def main() -> None:
         if len(sizes) > 1:
             print(f"\n{sizes[-1]:,} vs {sizes[0]:,} texts:")
             for k in ("memory_c1_p50_ms", "memory_c1_api_cpu_ms", "memory_c16_rps", "store_p50_ms",
-                      "store_api_cpu_ms", "start_api_s", "start_ready_s",
+                      "store_api_cpu_ms", "start_api_s", "start_ready_s", "start_default_ready_s",
                       "catalog_check_s", "rss_api_mb",
                       "rss_worker_mb", "small_commit_ms", "compact_s", "repair_s", "catalog_bytes_per_text"):
                 print(f"  {k:24s} {first[k]:10.2f} -> {last[k]:10.2f}  ({last[k] / first[k]:.2f}x)")
