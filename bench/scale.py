@@ -71,6 +71,7 @@ from serve_replicas import _read_response
 
 # the flags both `extract` and `serve` get, so that their keys agree
 _MODEL_FLAGS = ["--precision", "fp32", "--engine", "torch", "--storage-dtype", "float16"]
+_DEFAULT_FLAGS = ["--storage-dtype", "float16"]  # engine and precision left to measurement
 _SMALL_SHARDS, _SMALL_ROWS = 64, 16
 
 
@@ -216,12 +217,12 @@ def default_starts(data_dir: Path, model: str, threads: int) -> dict[str, float]
     """
     res: dict[str, float] = {}
     if not any((data_dir / "engines").glob("*/*.onnx")):
-        srv = Serving(data_dir, model, threads, flags=["--storage-dtype", "float16"])
+        srv = Serving(data_dir, model, threads, flags=_DEFAULT_FLAGS)
         srv.stop()  # the child wrote its log; `engine` reads the file, not the closed handle
         res["start_first_default_ready_s"] = srv.ready_s
         print(f"  first start on defaults (measures engine and precision, exports ONNX): /ready after "
               f"{srv.ready_s:.2f} s; {srv.engine()}", flush=True)
-    srv = Serving(data_dir, model, threads, flags=["--storage-dtype", "float16"])
+    srv = Serving(data_dir, model, threads, flags=_DEFAULT_FLAGS)
     try:
         res.update(start_default_api_s=srv.api_s, start_default_ready_s=srv.ready_s,
                    rss_worker_default_mb=rss_mb(srv.worker_pid))
