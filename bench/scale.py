@@ -12,8 +12,8 @@ size it prints one block:
   through ``FeatureStore.write`` as the worker does (on 2 busy cores the tiny
   model encodes ~50-100 texts/s, so 10^6 encoded texts would take hours);
 - the catalog check ``serve`` runs before it binds (SQLite ``quick_check``), seconds;
-- server start: ``layerbank serve`` on the directory, seconds until ``/health``
-  answers (the API) and until ``/ready`` lists a worker (cached reads answer),
+- server start: ``layerbank serve`` on the directory, seconds until ``/ready``
+  first answers, whatever its status (the API), and until it lists a worker (cached reads answer),
   with the pinned flags below (the torch engine) and again on the defaults
   (engine and precision by measurement; the first such start, which measures,
   is timed apart), each with the engine the worker says it runs;
